@@ -1,0 +1,117 @@
+"""Chunk codecs: the standard Zarr v3 ``bytes``, ``zstd`` and ``blosc`` codecs.
+
+Ravex encodes chunks itself with numcodecs (which releases the GIL) and writes
+the codec list into each array's ``zarr.json``, so stock zarr-python and
+tensorstore decode the same bytes. A writer names a compression by a short
+spec: ``"none"``, ``"zstd"`` / ``"zstd:3"``, ``"blosc"`` (lz4, bitshuffle) /
+``"blosc:zstd"``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numcodecs
+import numpy as np
+
+from .errors import ManifestError
+
+_BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+COMPRESSIONS = ("none", "zstd", "blosc")
+
+
+def parse_compression(spec: str) -> tuple[str, str | None]:
+    """Split ``"zstd:3"`` into ``("zstd", "3")``; a clear error for anything else."""
+    name, _, arg = str(spec).partition(":")
+    if name not in COMPRESSIONS:
+        raise ValueError(f"unknown compression {spec!r}; expected one of {list(COMPRESSIONS)} (e.g. 'zstd:3')")
+    return name, arg or None
+
+
+def codecs_for(compression: str, itemsize: int) -> list[dict[str, Any]]:
+    """The Zarr v3 codec list for a compression spec and element size."""
+    name, arg = parse_compression(compression)
+    if name == "none":
+        return [_BYTES]
+    if name == "zstd":
+        level = int(arg) if arg else 1
+        return [_BYTES, {"name": "zstd", "configuration": {"level": level, "checksum": False}}]
+    cname = arg or "lz4"
+    return [
+        _BYTES,
+        {
+            "name": "blosc",
+            "configuration": {
+                "cname": cname,
+                "clevel": 5,
+                "shuffle": "bitshuffle" if itemsize > 1 else "shuffle",
+                "typesize": itemsize,
+                "blocksize": 0,
+            },
+        },
+    ]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Encode/decode one chunk's bytes for a codec list. Cached by :func:`pipeline`."""
+
+    codecs_json: str
+    compressor: Any  # a numcodecs codec, or None for plain bytes
+    typesize: int
+
+    def encode(self, raw: memoryview) -> memoryview | bytes:
+        if self.compressor is None:
+            return raw
+        if isinstance(self.compressor, numcodecs.Blosc):
+            # blosc reads the element size from the buffer's dtype
+            arr = np.frombuffer(raw, dtype=f"u{self.typesize}" if self.typesize in (1, 2, 4, 8) else "u1")
+            return self.compressor.encode(arr)
+        return self.compressor.encode(raw)
+
+    def decode(self, stored: bytes, out: memoryview | None = None) -> bytes | memoryview:
+        if self.compressor is None:
+            return stored
+        if out is not None:
+            self.compressor.decode(stored, out=np.frombuffer(out, dtype="u1"))
+            return out
+        return self.compressor.decode(stored)
+
+
+_CACHE: dict[str, Pipeline] = {}
+
+
+def pipeline(codecs: list[dict[str, Any]], where: str = "array") -> Pipeline:
+    """The :class:`Pipeline` for a ``zarr.json`` codec list Ravex can decode."""
+    key = json.dumps(codecs, sort_keys=True)
+    found = _CACHE.get(key)
+    if found is not None:
+        return found
+    if not codecs or codecs[0].get("name") != "bytes" or len(codecs) > 2:
+        raise ManifestError(f"{where}: unsupported codec chain {codecs!r}; expected bytes[, zstd|blosc]")
+    endian = (codecs[0].get("configuration") or {}).get("endian", "little")
+    if endian not in ("little", None):
+        raise ManifestError(f"{where}: big-endian chunks are not written by Ravex")
+    compressor = None
+    typesize = 1
+    if len(codecs) == 2:
+        c = codecs[1]
+        conf = c.get("configuration") or {}
+        if c.get("name") == "zstd":
+            compressor = numcodecs.Zstd(level=int(conf.get("level", 0)), checksum=bool(conf.get("checksum", False)))
+        elif c.get("name") == "blosc":
+            typesize = int(conf.get("typesize") or 1)
+            compressor = numcodecs.Blosc(
+                cname=conf.get("cname", "lz4"),
+                clevel=int(conf.get("clevel", 5)),
+                shuffle=_SHUFFLE[conf.get("shuffle", "noshuffle")],
+                blocksize=int(conf.get("blocksize", 0)),
+            )
+        else:
+            raise ManifestError(f"{where}: unknown codec {c.get('name')!r}")
+    found = Pipeline(key, compressor, typesize)
+    _CACHE[key] = found
+    return found

@@ -1,0 +1,51 @@
+"""Errors raised by the format layer.
+
+One base class, :class:`RavexError`. Subclasses also inherit the builtin a caller
+would already catch (``FileNotFoundError``, ``ValueError``), the way zarr-python's
+errors do, so existing ``except`` clauses keep working. Every message names the
+store, step, rank or tensor involved and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+
+class RavexError(Exception):
+    """Base class of every error Ravex raises on purpose."""
+
+
+class StoreNotFoundError(RavexError, FileNotFoundError):
+    """The store has no ``ravex.json``: it is not a Ravex store (or does not exist)."""
+
+
+class StepNotFoundError(RavexError, KeyError):
+    """The asked-for step is not in the store, or not complete."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ArrayNotFoundError(RavexError, KeyError):
+    """The asked-for tensor is not in the step."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class FormatVersionError(RavexError, ValueError):
+    """The store or a manifest was written by an unknown major version of the spec."""
+
+
+class ManifestError(RavexError, ValueError):
+    """A manifest is truncated, malformed, or names something it must not."""
+
+
+class UnsafeNameError(ManifestError):
+    """A name in a manifest would escape the store (``..``, absolute path, bad object name)."""
+
+
+class CorruptObjectError(RavexError, OSError):
+    """An object is missing, has the wrong size, or its bytes do not match its name."""
+
+
+class UnsupportedValueError(RavexError, TypeError):
+    """A value in a state tree has a type the format cannot store without pickle."""

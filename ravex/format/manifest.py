@@ -1,0 +1,200 @@
+"""Manifests: one JSON document per rank per step, naming every chunk it holds.
+
+Frozen dataclasses whose JSON field names are exactly the spec's
+(spec/FORMAT.md, "Manifest"). Parsing validates every name that could reach
+storage, so a hostile manifest cannot make a reader touch a path outside the store.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._version import SPEC_VERSION, check_version
+from .errors import ManifestError
+from .hashing import DIGEST_HEX_LEN, HASH_NAME
+from .names import check_array_path, check_object_name
+
+MANIFEST_FORMAT = "ravex-manifest"
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Where one chunk's encoded bytes live: an object, or inline in the manifest.
+
+    ``raw`` is the digest of the chunk's *decoded* bytes: a writer compares it to
+    decide, without encoding or any storage round trip, that a chunk is unchanged.
+    """
+
+    raw: str
+    size: int
+    object: str | None = None
+    inline: bytes | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.inline is not None:
+            return {"inline": base64.b64encode(self.inline).decode("ascii"), "raw": self.raw}
+        return {"object": self.object, "size": self.size, "raw": self.raw}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> ChunkRef:
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{where}: chunk entry must be an object, got {doc!r}")
+        raw = doc.get("raw")
+        if not isinstance(raw, str) or len(raw) != DIGEST_HEX_LEN:
+            raise ManifestError(f"{where}: chunk entry has no valid 'raw' digest")
+        if "inline" in doc:
+            try:
+                data = base64.b64decode(doc["inline"], validate=True)
+            except (TypeError, ValueError) as exc:
+                raise ManifestError(f"{where}: bad inline chunk: {exc}") from None
+            return cls(raw=raw, size=len(data), inline=data)
+        size = doc.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ManifestError(f"{where}: chunk entry has no valid 'size'")
+        return cls(raw=raw, size=size, object=check_object_name(doc.get("object"), where))
+
+
+@dataclass(frozen=True)
+class ArrayEntry:
+    """One Zarr v3 array (or this rank's part of one): metadata plus chunk map."""
+
+    zarr: dict[str, Any]
+    chunks: dict[str, ChunkRef]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.zarr["shape"])
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        return tuple(self.zarr["chunk_grid"]["configuration"]["chunk_shape"])
+
+    @property
+    def data_type(self) -> str:
+        return self.zarr["data_type"]
+
+    @property
+    def codecs(self) -> list[dict[str, Any]]:
+        return self.zarr["codecs"]
+
+    def stored_bytes(self) -> int:
+        return sum(c.size for c in self.chunks.values())
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What one rank wrote for one step. Written last, atomically; never modified."""
+
+    step: int
+    rank: int
+    world_size: int
+    run: str
+    created_at: str
+    tree: Any
+    arrays: dict[str, ArrayEntry]
+    metadata: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    version: str = SPEC_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": self.version,
+            "hash": HASH_NAME,
+            "step": self.step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "run": self.run,
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+            "stats": self.stats,
+            "tree": self.tree,
+            "arrays": {
+                path: {
+                    "zarr": entry.zarr,
+                    "chunks": {k: c.to_json() for k, c in entry.chunks.items()},
+                }
+                for path, entry in self.arrays.items()
+            },
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Manifest:
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ManifestError(f"{where}: truncated or malformed JSON ({exc})") from None
+        return cls.from_json(doc, where)
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Manifest:
+        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+            raise ManifestError(f"{where}: not a Ravex manifest (no format {MANIFEST_FORMAT!r})")
+        check_version(doc.get("version"), where)
+        if doc.get("hash") != HASH_NAME:
+            raise ManifestError(f"{where}: unknown hash {doc.get('hash')!r}; expected {HASH_NAME!r}")
+        try:
+            step, rank, world = int(doc["step"]), int(doc["rank"]), int(doc["world_size"])
+            arrays_doc = doc["arrays"]
+            tree = doc["tree"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: missing or bad field {exc}") from None
+        if not (0 <= rank < world) or step < 0:
+            raise ManifestError(f"{where}: bad step/rank/world_size {step}/{rank}/{world}")
+        if not isinstance(arrays_doc, dict):
+            raise ManifestError(f"{where}: 'arrays' must be an object")
+        arrays: dict[str, ArrayEntry] = {}
+        for path, entry in arrays_doc.items():
+            at = f"{where} tensor {path!r}"
+            check_array_path(path, at)
+            if not isinstance(entry, dict) or not isinstance(entry.get("zarr"), dict):
+                raise ManifestError(f"{at}: entry has no 'zarr' metadata")
+            chunks = entry.get("chunks")
+            if not isinstance(chunks, dict):
+                raise ManifestError(f"{at}: entry has no 'chunks' map")
+            _check_zarr_meta(entry["zarr"], at)
+            arrays[path] = ArrayEntry(
+                zarr=entry["zarr"],
+                chunks={_check_chunk_key(k, at): ChunkRef.from_json(c, f"{at} chunk {k}") for k, c in chunks.items()},
+            )
+        return cls(
+            step=step,
+            rank=rank,
+            world_size=world,
+            run=str(doc.get("run", "")),
+            created_at=str(doc.get("created_at", "")),
+            tree=tree,
+            arrays=arrays,
+            metadata=dict(doc.get("metadata") or {}),
+            stats=dict(doc.get("stats") or {}),
+            version=doc["version"],
+        )
+
+
+def _check_zarr_meta(meta: dict[str, Any], where: str) -> None:
+    try:
+        ok = (
+            meta["zarr_format"] == 3
+            and meta["node_type"] == "array"
+            and all(isinstance(n, int) and n >= 0 for n in meta["shape"])
+            and len(meta["chunk_grid"]["configuration"]["chunk_shape"]) == len(meta["shape"])
+            and isinstance(meta["codecs"], list)
+            and isinstance(meta["data_type"], str)
+        )
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ManifestError(f"{where}: malformed zarr.json metadata")
+
+
+def _check_chunk_key(key: str, where: str) -> str:
+    parts = key.split("/")
+    if parts[0] != "c" or not all(p.isdigit() for p in parts[1:]):
+        raise ManifestError(f"{where}: bad chunk key {key!r}; expected 'c/<i>/<j>...'")
+    return key

@@ -1,0 +1,76 @@
+"""Names on storage: escaping tree keys into Zarr node names, and refusing unsafe names.
+
+A state tree's keys are arbitrary (``"layer.0.weight"``, ``"état"``, ``"a/b"``,
+``0``). Zarr node names must not contain ``/``, be empty, consist only of dots, or
+start with ``__``; object stores dislike many other characters. Every key is
+therefore percent-encoded (UTF-8) outside ``[A-Za-z0-9._-]``, plus a leading ``_``
+of ``__`` and the first dot of an all-dots name. Decoding is ``urllib.parse.unquote``.
+Integer keys encode as their decimal text; the typed tree in the manifest keeps the
+real key, so the path only needs to be unique and valid.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote
+
+from .errors import UnsafeNameError
+
+_SAFE = "._-"
+_OBJECT_NAME = re.compile(r"^[0-9a-f]{32}$")
+_SEGMENT_OK = re.compile(r"^[A-Za-z0-9._%-]+$")
+
+
+def escape_key(key: str) -> str:
+    """Encode one tree key as a valid, reversible Zarr node name."""
+    if key == "":
+        return "%00"  # unquote gives "\x00"; the manifest tree holds the real (empty) key
+    out = quote(key, safe=_SAFE)
+    if out.startswith("__"):
+        out = "%5F" + out[1:]
+    if set(out) == {"."}:
+        out = "%2E" + out[1:]
+    return out
+
+
+def unescape_key(segment: str) -> str:
+    """Invert :func:`escape_key` (except for the empty key, which the tree keeps)."""
+    return unquote(segment)
+
+
+def check_array_path(path: str, where: str) -> str:
+    """Validate an array path from a manifest: relative, escaped segments, no ``..``."""
+    if not isinstance(path, str) or not path:
+        raise UnsafeNameError(f"{where}: empty or non-string array path {path!r}")
+    for seg in path.split("/"):
+        if not _SEGMENT_OK.match(seg) or set(seg) == {"."} or seg.startswith("__"):
+            raise UnsafeNameError(
+                f"{where}: array path {path!r} has an unsafe segment {seg!r}; "
+                "the manifest is corrupt or was not written by Ravex"
+            )
+    return path
+
+
+def check_object_name(name: object, where: str) -> str:
+    """Validate an object name: exactly 32 lowercase hex digits, nothing that forms a path."""
+    if not isinstance(name, str) or not _OBJECT_NAME.match(name):
+        raise UnsafeNameError(
+            f"{where}: object name {name!r} is not a 32-digit hex digest; "
+            "the manifest is corrupt or was not written by Ravex"
+        )
+    return name
+
+
+def object_key(name: str) -> str:
+    """Storage key of an object, relative to the store root: ``objects/ab/abcdef...``."""
+    return f"objects/{name[:2]}/{name}"
+
+
+def step_dir(step: int) -> str:
+    """Storage prefix of a step: ``steps/<step>`` in plain decimal."""
+    return f"steps/{step}"
+
+
+def manifest_key(step: int, rank: int) -> str:
+    """Storage key of one rank's manifest for a step."""
+    return f"steps/{step}/rank-{rank}.json"

@@ -1,0 +1,293 @@
+"""Reading a step: merge the ranks' manifests, fetch only the chunks asked for, verify each.
+
+Every object is verified as it is read: its bytes must hash to its name (XXH3
+runs at memory speed, so this costs little next to the read). Uncompressed
+chunks that land whole inside the destination are read straight into it, so a
+restore into caller-provided buffers makes no extra copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .codecs import pipeline
+from .dtypes import data_type
+from .errors import ArrayNotFoundError, CorruptObjectError, ManifestError
+from .hashing import digest
+from .manifest import ArrayEntry, ChunkRef, Manifest
+from .names import object_key
+from .values import decode_value
+
+if TYPE_CHECKING:
+    from .store import CheckpointStore
+
+READ_THREADS = 8
+
+
+@dataclass(frozen=True)
+class ArrayRef:
+    """A tensor of a step, not yet read."""
+
+    reader: StepReader
+    path: str
+
+    @property
+    def entry(self) -> ArrayEntry:
+        return self.reader.arrays[self.path]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.entry.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return data_type(self.entry.data_type).numpy
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def read(self, out: np.ndarray | None = None, rows: slice | None = None) -> np.ndarray:
+        return self.reader.read_array(self.path, out=out, rows=rows)
+
+    def __repr__(self) -> str:
+        return f"ArrayRef({self.path!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class StepReader:
+    """All ranks' manifests of one complete step, merged. From :meth:`CheckpointStore.open_step`."""
+
+    def __init__(self, store: CheckpointStore, step: int) -> None:
+        self.store = store
+        self.step = step
+        info = store.step_info(step)
+        self.world_size = info.world_size or 1
+        self.manifests: list[Manifest] = [store.manifest(step, r) for r in range(self.world_size)]
+        for m in self.manifests:
+            store._remember(m)
+        self.arrays: dict[str, ArrayEntry] = _merge(self.manifests)
+
+    def __repr__(self) -> str:
+        return f"StepReader({self.store.url!r}, step={self.step}, ranks={self.world_size})"
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.manifests[0].metadata
+
+    def tree(self, rank: int = 0) -> Any:
+        """The state tree of ``rank`` with :class:`ArrayRef` leaves (nothing is read)."""
+        where = f"step {self.step} rank {rank}"
+        m = self._manifest(rank)
+
+        def on_array(path: str) -> ArrayRef:
+            if path not in self.arrays:
+                raise ManifestError(f"{where}: tree names tensor {path!r} that no manifest holds")
+            return ArrayRef(self, path)
+
+        return decode_value(m.tree, on_array, where)
+
+    def read(self, rank: int = 0, subtree: Any = None) -> Any:
+        """The state tree of ``rank`` (or one subtree of it) with numpy arrays at the leaves.
+
+        ``subtree`` is a key or a sequence of keys, e.g. ``"model"`` or ``("optimizers", 0)``.
+        """
+        tree = self.tree(rank)
+        for key in _keys(subtree):
+            try:
+                tree = tree[key]
+            except (KeyError, IndexError, TypeError):
+                raise ArrayNotFoundError(f"step {self.step}: no subtree {subtree!r} (missing {key!r})") from None
+        refs: list[ArrayRef] = []
+        _collect(tree, refs)
+        arrays = self.read_arrays([r.path for r in refs])
+        return _materialize(tree, arrays)
+
+    def read_array(self, path: str, out: np.ndarray | None = None, rows: slice | None = None) -> np.ndarray:
+        """One tensor, or the rows ``rows`` of it, fetching only the chunks they overlap.
+
+        ``out``, if given, must be a writable C-contiguous array of the result's shape
+        and element size (any dtype of that size, e.g. a uint16 view for bfloat16);
+        it is filled in place and returned.
+        """
+        return self.read_arrays([path], outs={path: out} if out is not None else None, rows=rows)[path]
+
+    def read_arrays(
+        self,
+        paths: Sequence[str],
+        outs: dict[str, np.ndarray] | None = None,
+        rows: slice | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Several tensors at once, all their chunks fetched in parallel."""
+        jobs: list[tuple[Any, ...]] = []
+        results: dict[str, np.ndarray] = {}
+        for path in paths:
+            entry = self.arrays.get(path)
+            if entry is None:
+                raise ArrayNotFoundError(f"step {self.step} has no tensor {path!r}")
+            dt = data_type(entry.data_type)
+            shape = entry.shape
+            if shape:
+                start, stop, step = (rows or slice(None)).indices(shape[0])
+                if step != 1:
+                    raise ValueError("rows must be a contiguous slice (step 1)")
+                stop = max(start, stop)
+                out_shape = (stop - start, *shape[1:])
+            else:
+                start, stop, out_shape = 0, 0, ()
+            out = (outs or {}).get(path)
+            if out is None:
+                out = np.empty(out_shape, dtype=dt.numpy)
+            elif (
+                tuple(out.shape) != out_shape
+                or out.dtype.itemsize != dt.itemsize
+                or not out.flags.c_contiguous
+                or not out.flags.writeable
+            ):
+                raise ValueError(
+                    f"out for {path!r} must be a writable C-contiguous array of shape {out_shape} "
+                    f"and itemsize {dt.itemsize}; got shape {out.shape}, dtype {out.dtype}"
+                )
+            results[path] = out
+            if out.size == 0:
+                continue
+            dst = memoryview(out.reshape(-1).view(np.uint8))
+            if not shape:
+                jobs.append((path, entry, "c", 0, dt.itemsize, dst, 0))
+                continue
+            row_bytes = math.prod(shape[1:]) * dt.itemsize
+            crow = entry.chunk_shape[0]
+            for ci in range(start // crow, math.ceil(stop / crow)):
+                lo, hi = max(start, ci * crow), min(stop, (ci + 1) * crow)
+                key = "c/" + str(ci) + "/0" * (len(shape) - 1)
+                jobs.append(
+                    (
+                        path,
+                        entry,
+                        key,
+                        (lo - ci * crow) * row_bytes,  # offset inside the decoded chunk
+                        (hi - lo) * row_bytes,  # bytes wanted
+                        dst[(lo - start) * row_bytes : (hi - start) * row_bytes],
+                        crow * row_bytes,  # full decoded chunk size
+                    )
+                )
+        if len(jobs) <= 1:
+            for job in jobs:
+                self._read_chunk(*job)
+        else:
+            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(jobs))) as pool:
+                for fut in [pool.submit(self._read_chunk, *job) for job in jobs]:
+                    fut.result()
+        return results
+
+    def _read_chunk(
+        self, path: str, entry: ArrayEntry, key: str, offset: int, length: int, dst: memoryview, full: int
+    ) -> None:
+        where = f"step {self.step} tensor {path!r} chunk {key}"
+        ref = entry.chunks.get(key)
+        if ref is None:
+            raise CorruptObjectError(f"{where}: no manifest entry for this chunk; the step is incomplete")
+        full = full or length
+        pipe = pipeline(entry.codecs, where)
+        if ref.inline is not None:
+            stored: bytes | memoryview = ref.inline
+        elif pipe.compressor is None and offset == 0 and length == full == ref.size:
+            self._read_object_into(ref, dst, where)
+            return
+        else:
+            stored = self._read_object(ref, where)
+        decoded = memoryview(pipe.decode(stored)).cast("B")
+        if decoded.nbytes != full or (ref.inline is not None and digest(decoded) != ref.raw):
+            raise CorruptObjectError(f"{where}: decoded to {decoded.nbytes} bytes, expected {full}")
+        dst[:] = decoded[offset : offset + length]
+
+    def _read_object(self, ref: ChunkRef, where: str) -> bytes:
+        assert ref.object is not None
+        try:
+            data = self.store.storage.read(object_key(ref.object))
+        except FileNotFoundError:
+            raise CorruptObjectError(f"{where}: object {ref.object} is missing") from None
+        _verify(data, ref, where)
+        return data
+
+    def _read_object_into(self, ref: ChunkRef, dst: memoryview, where: str) -> None:
+        assert ref.object is not None
+        try:
+            n = self.store.storage.read_into(object_key(ref.object), dst)
+        except FileNotFoundError:
+            raise CorruptObjectError(f"{where}: object {ref.object} is missing") from None
+        if n != ref.size:
+            raise CorruptObjectError(f"{where}: object {ref.object} has {n} bytes, manifest says {ref.size}")
+        _verify(dst, ref, where)
+
+    def _manifest(self, rank: int) -> Manifest:
+        if not 0 <= rank < self.world_size:
+            raise ArrayNotFoundError(f"step {self.step} has ranks 0..{self.world_size - 1}, not {rank}")
+        return self.manifests[rank]
+
+
+def _verify(data: bytes | memoryview, ref: ChunkRef, where: str) -> None:
+    size = memoryview(data).nbytes
+    if size != ref.size:
+        raise CorruptObjectError(f"{where}: object {ref.object} has {size} bytes, manifest says {ref.size}")
+    if digest(data) != ref.object:
+        raise CorruptObjectError(f"{where}: object {ref.object} does not match its hash (corrupt bytes)")
+
+
+def _merge(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
+    """Union of the ranks' arrays; metadata must agree, a chunk may come from one rank only
+    (or from several with identical content)."""
+    merged: dict[str, ArrayEntry] = {}
+    for m in manifests:
+        for path, entry in m.arrays.items():
+            have = merged.get(path)
+            if have is None:
+                merged[path] = ArrayEntry(zarr=entry.zarr, chunks=dict(entry.chunks))
+                continue
+            if have.zarr != entry.zarr:
+                raise ManifestError(f"step {m.step} rank {m.rank}: tensor {path!r} metadata differs between ranks")
+            for key, ref in entry.chunks.items():
+                other = have.chunks.setdefault(key, ref)
+                if other.raw != ref.raw:
+                    raise ManifestError(
+                        f"step {m.step} rank {m.rank}: tensor {path!r} chunk {key} differs between ranks"
+                    )
+    return merged
+
+
+def _keys(subtree: Any) -> tuple:
+    if subtree is None:
+        return ()
+    if isinstance(subtree, (list, tuple)):
+        return tuple(subtree)
+    return (subtree,)
+
+
+def _collect(tree: Any, out: list[ArrayRef]) -> None:
+    if isinstance(tree, ArrayRef):
+        out.append(tree)
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            _collect(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _collect(v, out)
+
+
+def _materialize(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(tree, ArrayRef):
+        return arrays[tree.path]
+    if isinstance(tree, dict):
+        return {k: _materialize(v, arrays) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_materialize(v, arrays) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_materialize(v, arrays) for v in tree)
+    return tree
+
+

@@ -1,0 +1,271 @@
+"""A checkpoint store: the root document, its steps, and which of them are complete.
+
+Layout (spec/FORMAT.md)::
+
+    ravex.json                      root document
+    objects/ab/abcdef...            immutable chunk objects, named by content hash
+    steps/<step>/rank-<r>.json      one manifest per rank per step, written last
+
+A step is complete exactly when ``rank-0.json`` .. ``rank-<W-1>.json`` all exist,
+``W`` being the ``world_size`` every one of them declares, with the same ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ._version import FORMAT_NAME, SPEC_VERSION, check_version
+from .errors import ManifestError, RavexError, StepNotFoundError, StoreNotFoundError
+from .hashing import HASH_NAME
+from .manifest import Manifest
+from .names import manifest_key, step_dir
+from .storage import LocalStorage, Storage, open_storage
+
+if TYPE_CHECKING:
+    from .gc import GCReport
+    from .reader import StepReader
+    from .writer import StepWriter
+
+ROOT_KEY = "ravex.json"
+_MANIFEST_NAME = re.compile(r"^rank-(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a listing knows about a step without reading its tensors."""
+
+    step: int
+    world_size: int | None  # None when no manifest could be read
+    ranks: tuple[int, ...]  # ranks whose manifest exists
+    complete: bool
+    problem: str | None = None  # why it is not complete, for validate and ls
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class CheckpointStore:
+    """One Ravex store. Open with :func:`open_store`."""
+
+    def __init__(self, storage: Storage, root: dict[str, Any]) -> None:
+        self.storage = storage
+        self.root = root
+        self._manifests: dict[tuple[int, int], Manifest] = {}  # complete steps only
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    # ---- steps -------------------------------------------------------------------------
+
+    def step_numbers(self) -> list[int]:
+        """Every step with a folder, complete or not, ascending."""
+        return sorted(int(n) for n in self.storage.list_dir("steps") if n.isdigit())
+
+    def step_info(self, step: int) -> StepInfo:
+        """Completeness of one step: lists its folder and reads one manifest."""
+        ranks = sorted(
+            int(m.group(1))
+            for m in map(_MANIFEST_NAME.match, self.storage.list_dir(step_dir(step)))
+            if m
+        )
+        if not ranks:
+            return StepInfo(step, None, (), False, "no manifest")
+        try:
+            first = self.manifest(step, ranks[0])
+        except (RavexError, OSError) as exc:
+            return StepInfo(step, None, tuple(ranks), False, f"rank {ranks[0]}: {exc}")
+        world = first.world_size
+        missing = sorted(set(range(world)) - set(ranks))
+        if missing:
+            return StepInfo(step, world, tuple(ranks), False, f"missing manifests of ranks {missing}")
+        for r in ranks[1:]:
+            try:
+                other = self.manifest(step, r)
+            except (RavexError, OSError) as exc:
+                return StepInfo(step, world, tuple(ranks), False, f"rank {r}: {exc}")
+            if other.world_size != world or other.run != first.run:
+                return StepInfo(
+                    step, world, tuple(ranks), False,
+                    f"rank {r} belongs to another run or world size (mixed writers)",
+                )
+        return StepInfo(step, world, tuple(r for r in ranks if r < world), True)
+
+    def steps(self) -> list[StepInfo]:
+        """Every step, complete or not, ascending."""
+        return [self.step_info(s) for s in self.step_numbers()]
+
+    def complete_steps(self) -> list[int]:
+        """Steps that are complete, ascending."""
+        return [i.step for i in self.steps() if i.complete]
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None. Checks from the newest down."""
+        for step in reversed(self.step_numbers()):
+            if self.step_info(step).complete:
+                return step
+        return None
+
+    def resolve_step(self, step: int | str) -> int:
+        """``"latest"``, ``"step_100"``, ``"100"`` or ``100`` to a complete step number."""
+        if step == "latest":
+            latest = self.latest_step()
+            if latest is None:
+                raise StepNotFoundError(f"store {self.url!r} has no complete step yet")
+            return latest
+        text = str(step)
+        if text.startswith("step_"):
+            text = text[5:]
+        if not text.isdigit():
+            raise StepNotFoundError(f"{step!r} is not a step; use a number, 'step_100' or 'latest'")
+        number = int(text)
+        info = self.step_info(number)
+        if not info.complete:
+            known = self.complete_steps()
+            hint = f"complete steps: {known[-5:]}" if known else "the store has no complete step"
+            why = info.problem or "incomplete"
+            raise StepNotFoundError(f"step {number} in {self.url!r} is not readable ({why}); {hint}")
+        return number
+
+    # ---- manifests ---------------------------------------------------------------------
+
+    def manifest(self, step: int, rank: int) -> Manifest:
+        """Parse one manifest (cached once its step is known to be immutable)."""
+        key = (step, rank)
+        with self._lock:
+            cached = self._manifests.get(key)
+        if cached is not None:
+            return cached
+        where = f"step {step} rank {rank}"
+        try:
+            data = self.storage.read(manifest_key(step, rank))
+        except FileNotFoundError:
+            raise StepNotFoundError(f"{where}: manifest {manifest_key(step, rank)!r} not found") from None
+        m = Manifest.from_bytes(data, where)
+        if m.step != step or m.rank != rank:
+            raise ManifestError(f"{where}: manifest says step {m.step} rank {m.rank}")
+        return m
+
+    def _remember(self, m: Manifest) -> None:
+        with self._lock:
+            self._manifests[(m.step, m.rank)] = m
+
+    def forget(self, step: int) -> None:
+        with self._lock:
+            for key in [k for k in self._manifests if k[0] == step]:
+                del self._manifests[key]
+
+    # ---- verbs -------------------------------------------------------------------------
+
+    def writer(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        compression: str = "none",
+        chunk_bytes: int | None = None,
+        threads: int | None = None,
+        run: str | None = None,
+    ) -> StepWriter:
+        """A writer for one rank; it keeps the delta base between commits."""
+        from .writer import StepWriter
+
+        return StepWriter(self, rank, world_size, compression, chunk_bytes, threads, run)
+
+    def open_step(self, step: int | str = "latest") -> StepReader:
+        """A reader over one complete step (all ranks' manifests merged)."""
+        from .reader import StepReader
+
+        return StepReader(self, self.resolve_step(step))
+
+    def read(self, step: int | str = "latest", rank: int = 0, subtree: Any = None) -> Any:
+        """The state tree of a step with numpy arrays at the leaves."""
+        return self.open_step(step).read(rank=rank, subtree=subtree)
+
+    def gc(
+        self,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        grace_seconds: float = 3600.0,
+        dry_run: bool = False,
+    ) -> GCReport:
+        """Apply retention, then delete unreferenced objects older than the grace period."""
+        from .gc import gc
+
+        return gc(self, keep_last=keep_last, keep_every=keep_every, grace_seconds=grace_seconds, dry_run=dry_run)
+
+    def discard_incomplete_above(self, step: int | None) -> list[int]:
+        """Delete the manifests of incomplete steps newer than ``step`` (a crashed run's
+        partial steps), so that a resumed run never mixes its manifests with theirs."""
+        dropped = []
+        for number in self.step_numbers():
+            if (step is None or number > step) and not self.step_info(number).complete:
+                self.delete_step(number)
+                dropped.append(number)
+        return dropped
+
+    def delete_step(self, step: int) -> None:
+        """Delete every manifest (and leftover temp file) of a step. Objects stay for GC."""
+        folder = step_dir(step)
+        self.storage.delete(f"{folder}/{n}" for n in self.storage.list_dir(folder))
+        self.forget(step)
+        if isinstance(self.storage, LocalStorage):
+            self.storage.remove_empty_dir(folder)
+
+
+def open_store(
+    url: str | os.PathLike[str],
+    create: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    created_by: str | None = None,
+) -> CheckpointStore:
+    """Open (or with ``create=True``, create) the store at a path or fsspec URL."""
+    storage = open_storage(os.fspath(url), storage_options)
+    try:
+        data = storage.read(ROOT_KEY)
+    except FileNotFoundError:
+        if not create:
+            raise StoreNotFoundError(
+                f"{storage.url!r} is not a Ravex store (no {ROOT_KEY}); check the path, "
+                "or pass create=True to start a new one"
+            ) from None
+        root = {
+            "format": FORMAT_NAME,
+            "version": SPEC_VERSION,
+            "hash": HASH_NAME,
+            "created_by": created_by or _creator(),
+            "created_at": now_iso(),
+        }
+        storage.write(ROOT_KEY, json.dumps(root, indent=2).encode() + b"\n")
+        storage.sync()
+        return CheckpointStore(storage, root)
+    where = f"{storage.url}/{ROOT_KEY}"
+    try:
+        root = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{where}: malformed JSON ({exc})") from None
+    if not isinstance(root, dict) or root.get("format") != FORMAT_NAME:
+        raise ManifestError(f"{where}: not a Ravex root document (format != {FORMAT_NAME!r})")
+    check_version(root.get("version"), where)
+    if root.get("hash") != HASH_NAME:
+        raise ManifestError(f"{where}: hash {root.get('hash')!r} is unknown; expected {HASH_NAME!r}")
+    return CheckpointStore(storage, root)
+
+
+def _creator() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"ravex {version('ravex')}"
+    except Exception:
+        return "ravex"

@@ -1,0 +1,372 @@
+"""Writing a step: plan chunks, hash, reuse unchanged chunks, encode, write, then the manifest.
+
+The pipeline is one task per chunk on a thread pool. xxhash, numcodecs and file
+I/O release the GIL, so a 2-core machine overlaps hashing, encoding and writing.
+A chunk whose raw digest (and codec chain) matches a chunk of the delta base is
+reused as it is: no encoding, no write, no storage round trip.
+
+The delta base is the previous manifest this writer committed, or, before its
+first commit, the newest complete step's manifest for this rank. Either one is
+at least as new as the store's newest complete step until this writer commits
+again, and GC never deletes such a step (spec/FORMAT.md, "Garbage collection").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .codecs import codecs_for, parse_compression, pipeline
+from .dtypes import DataType, from_numpy
+from .errors import RavexError, UnsupportedValueError
+from .hashing import digest
+from .manifest import ArrayEntry, ChunkRef, Manifest
+from .names import escape_key, manifest_key, object_key
+from .values import encode_value
+
+if TYPE_CHECKING:
+    from .store import CheckpointStore
+
+#: Target chunk size along the leading dimension (see benchmarks/ for why 4 MiB:
+#: local fsync'd writes reach their plateau at 4 MiB objects, and smaller chunks
+#: make deltas finer).
+DEFAULT_CHUNK_BYTES = 4 << 20
+#: Chunks whose encoded bytes are at most this size live inline in the manifest.
+INLINE_MAX_BYTES = 512
+DEFAULT_THREADS = 4
+
+
+@dataclass(frozen=True)
+class ArrayShard:
+    """This rank's rows ``[offset, offset + len(local))`` of a global array.
+
+    The global array is chunked along dimension 0 every ``chunk_rows`` rows; every
+    rank writing a part of it must pass the same ``global_shape`` and ``chunk_rows``,
+    and its part must start on a chunk boundary and end on one (or at the end).
+    """
+
+    local: np.ndarray
+    global_shape: tuple[int, ...]
+    offset: int
+    chunk_rows: int
+
+
+@dataclass
+class CommitStats:
+    """What one commit did, for log lines, ``ravex ls`` and benchmarks."""
+
+    step: int
+    arrays: int = 0
+    chunks: int = 0
+    new_chunks: int = 0
+    reused_chunks: int = 0
+    logical_bytes: int = 0
+    new_bytes: int = 0
+    reused_bytes: int = 0
+    inline_bytes: int = 0
+    manifest_bytes: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arrays": self.arrays,
+            "chunks": self.chunks,
+            "new_chunks": self.new_chunks,
+            "reused_chunks": self.reused_chunks,
+            "logical_bytes": self.logical_bytes,
+            "new_bytes": self.new_bytes,
+            "reused_bytes": self.reused_bytes,
+            "inline_bytes": self.inline_bytes,
+        }
+
+
+@dataclass
+class _PlannedArray:
+    path: str
+    dtype: DataType
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    codecs: list[dict[str, Any]]
+    chunks: list[tuple[str, memoryview]]  # (chunk key, raw bytes, padded to the chunk shape)
+    logical_bytes: int
+
+
+class StepWriter:
+    """Writes the steps of one rank. Create with :meth:`CheckpointStore.writer`."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        rank: int = 0,
+        world_size: int = 1,
+        compression: str = "none",
+        chunk_bytes: int | None = None,
+        threads: int | None = None,
+        run: str | None = None,
+    ) -> None:
+        if not (0 <= rank < world_size):
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        parse_compression(compression)
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.compression = compression
+        self.chunk_bytes = int(chunk_bytes or DEFAULT_CHUNK_BYTES)
+        self.run = run or uuid.uuid4().hex
+        self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
+        self._base: dict[tuple[str, str], ChunkRef] | None = None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> StepWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- delta base --------------------------------------------------------------------
+
+    def _load_base(self) -> dict[tuple[str, str], ChunkRef]:
+        latest = self.store.latest_step()
+        if latest is None:
+            return {}
+        try:
+            return _reuse_index(self.store.manifest(latest, self.rank))
+        except (RavexError, OSError):
+            return {}  # a rank that did not exist then, or an unreadable base: write in full
+
+    # ---- commit ------------------------------------------------------------------------
+
+    def commit(self, step: int, tree: Any, metadata: dict[str, str] | None = None) -> CommitStats:
+        """Write ``tree`` as this rank's part of ``step``; returns when it is durable."""
+        started = time.perf_counter()
+        if self.store.step_info(step).complete:
+            raise RavexError(f"step {step} is already complete in {self.store.url!r}; steps are immutable")
+        if self._base is None:
+            self._base = self._load_base()
+        planned: dict[str, _PlannedArray] = {}
+
+        def on_array(value: Any, path: tuple) -> str:
+            name = "/".join(escape_key(str(k)) for k in path) or "%00"
+            if name in planned:
+                raise UnsupportedValueError(
+                    f"two keys at {name!r} map to the same tensor name (e.g. 0 and '0' in one dict); rename one"
+                )
+            planned[name] = self._plan(name, value)
+            return name
+
+        tree_doc = encode_value(tree, on_array)
+        stats = CommitStats(step=step, arrays=len(planned))
+        base = self._base
+        timings = _Timings()
+        written: set[str] = set()
+        lock = threading.Lock()
+
+        def run_chunk(arr: _PlannedArray, raw: memoryview) -> tuple[ChunkRef, bool]:
+            """Returns the chunk's entry and whether this commit stored new bytes for it."""
+            pipe = pipeline(arr.codecs)
+            t0 = time.perf_counter()
+            raw_digest = digest(raw)
+            t1 = time.perf_counter()
+            hit = base.get((pipe.codecs_json, raw_digest))
+            if hit is not None:
+                timings.add(hash=t1 - t0)
+                return hit, False
+            stored = pipe.encode(raw)
+            t2 = time.perf_counter()
+            name = raw_digest if pipe.compressor is None else digest(stored)
+            t3 = time.perf_counter()
+            size = memoryview(stored).nbytes
+            if size <= INLINE_MAX_BYTES:
+                timings.add(hash=(t1 - t0) + (t3 - t2), encode=t2 - t1)
+                return ChunkRef(raw=raw_digest, size=size, inline=bytes(stored)), True
+            with lock:
+                fresh = name not in written
+                written.add(name)
+            if fresh:
+                self.store.storage.write(object_key(name), stored)
+            t4 = time.perf_counter()
+            timings.add(hash=(t1 - t0) + (t3 - t2), encode=t2 - t1, write=t4 - t3)
+            return ChunkRef(raw=raw_digest, size=size, object=name), fresh
+
+        jobs = [
+            (arr, key, self._pool.submit(run_chunk, arr, raw))
+            for arr in planned.values()
+            for key, raw in arr.chunks
+        ]
+        chunk_maps: dict[str, dict[str, ChunkRef]] = {path: {} for path in planned}
+        for arr, key, fut in jobs:
+            ref, fresh = fut.result()
+            chunk_maps[arr.path][key] = ref
+            stats.chunks += 1
+            if ref.inline is not None:
+                stats.inline_bytes += ref.size
+            if fresh:
+                stats.new_chunks += 1
+                stats.new_bytes += ref.size if ref.inline is None else 0
+            else:
+                stats.reused_chunks += 1
+                stats.reused_bytes += ref.size
+        stats.logical_bytes = sum(a.logical_bytes for a in planned.values())
+
+        t_sync = time.perf_counter()
+        self.store.storage.sync()  # every object durable before the manifest names it
+        from .store import now_iso
+
+        manifest = Manifest(
+            step=step,
+            rank=self.rank,
+            world_size=self.world_size,
+            run=self.run,
+            created_at=now_iso(),
+            tree=tree_doc,
+            arrays={p: ArrayEntry(zarr=_zarr_json(a), chunks=chunk_maps[p]) for p, a in planned.items()},
+            metadata={str(k): str(v) for k, v in (metadata or {}).items()},
+            stats=stats.to_json(),
+        )
+        data = manifest.to_bytes()
+        stats.manifest_bytes = len(data)
+        self.store.storage.write(manifest_key(step, self.rank), data)
+        self.store.storage.sync()
+        self._base = _reuse_index(manifest)
+        ended = time.perf_counter()
+        stats.seconds = {
+            "hash": timings.hash,
+            "encode": timings.encode,
+            "write": timings.write,
+            "manifest": ended - t_sync,
+            "total": ended - started,
+        }
+        return stats
+
+    # ---- planning ----------------------------------------------------------------------
+
+    def _plan(self, path: str, value: Any) -> _PlannedArray:
+        if isinstance(value, ArrayShard):
+            return self._plan_shard(path, value)
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        if not isinstance(value, np.ndarray):
+            raise UnsupportedValueError(
+                f"value at {path!r} has type {type(value).__name__}, which Ravex stores neither as "
+                "a tensor nor as a plain value; convert it to a numpy array or a Python value"
+            )
+        dtype = from_numpy(value.dtype)
+        arr = np.require(value, dtype=dtype.numpy, requirements="C")  # keeps 0-d arrays 0-d
+        shape = tuple(arr.shape)
+        return self._chunked(path, dtype, arr, shape, _rows_per_chunk(shape, dtype.itemsize, self.chunk_bytes), 0)
+
+    def _plan_shard(self, path: str, shard: ArrayShard) -> _PlannedArray:
+        dtype = from_numpy(shard.local.dtype)
+        arr = np.require(shard.local, dtype=dtype.numpy, requirements="C")
+        g = tuple(shard.global_shape)
+        rows = int(shard.chunk_rows)
+        n = arr.shape[0] if arr.ndim else 0
+        if (
+            not g
+            or tuple(arr.shape[1:]) != g[1:]
+            or rows < 1
+            or shard.offset % rows
+            or not (n % rows == 0 or shard.offset + n == g[0])
+            or shard.offset + n > g[0]
+        ):
+            raise ValueError(
+                f"shard of {path!r}: rows [{shard.offset}, {shard.offset + n}) of global shape {g} "
+                f"do not align with chunk_rows={rows}; shards must start and end on chunk boundaries"
+            )
+        return self._chunked(path, dtype, arr, g, rows, shard.offset // rows)
+
+    def _chunked(
+        self, path: str, dtype: DataType, arr: np.ndarray, shape: tuple[int, ...], rows: int, first: int
+    ) -> _PlannedArray:
+        codecs = codecs_for(self.compression, dtype.itemsize)
+        flat = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        if not shape:
+            return _PlannedArray(path, dtype, (), (), codecs, [("c", flat)], arr.nbytes)
+        tail = tuple(max(1, d) for d in shape[1:])
+        chunk_shape = (rows, *tail)
+        chunks: list[tuple[str, memoryview]] = []
+        if arr.size:
+            row_bytes = math.prod(shape[1:]) * dtype.itemsize
+            chunk_len = rows * row_bytes
+            zeros = ("/0" * (len(shape) - 1))
+            for i, start in enumerate(range(0, arr.shape[0], rows)):
+                raw = flat[start * row_bytes : (start + rows) * row_bytes]
+                if raw.nbytes < chunk_len:  # a Zarr edge chunk is stored at full size
+                    padded = bytearray(chunk_len)
+                    padded[: raw.nbytes] = raw
+                    raw = memoryview(padded)
+                chunks.append((f"c/{first + i}{zeros}", raw))
+        return _PlannedArray(path, dtype, shape, chunk_shape, codecs, chunks, arr.nbytes)
+
+
+def _rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> int:
+    """Rows per chunk along dimension 0: chunks near ``chunk_bytes`` and of equal size,
+    so that the padded edge chunk wastes less than one row per chunk."""
+    if not shape or shape[0] == 0:
+        return 1
+    row_bytes = math.prod(shape[1:]) * itemsize
+    if row_bytes == 0:
+        return shape[0]
+    n_chunks = max(1, math.ceil(shape[0] * row_bytes / chunk_bytes))
+    return math.ceil(shape[0] / n_chunks)
+
+
+class _Timings:
+    """Seconds summed over worker threads, per phase."""
+
+    def __init__(self) -> None:
+        self.hash = self.encode = self.write = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, hash: float = 0.0, encode: float = 0.0, write: float = 0.0) -> None:
+        with self._lock:
+            self.hash += hash
+            self.encode += encode
+            self.write += write
+
+
+def _reuse_index(manifest: Manifest) -> dict[tuple[str, str], ChunkRef]:
+    index: dict[tuple[str, str], ChunkRef] = {}
+    for entry in manifest.arrays.values():
+        codecs_json = json.dumps(entry.codecs, sort_keys=True)
+        for ref in entry.chunks.values():
+            index[(codecs_json, ref.raw)] = ref
+    return index
+
+
+def _zarr_json(arr: _PlannedArray) -> dict[str, Any]:
+    """The exact ``zarr.json`` of one array, as stock zarr-python writes it."""
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(arr.shape),
+        "data_type": arr.dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(arr.chunk_shape)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": arr.dtype.fill_value,
+        "codecs": arr.codecs,
+        "attributes": {},
+        "storage_transformers": [],
+    }
+
+
+def iter_chunk_keys(shape: tuple[int, ...], chunk_shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every chunk key of a regular grid with its grid coordinates."""
+    if not shape:
+        yield "c", ()
+        return
+    grid = [math.ceil(s / c) if c else 0 for s, c in zip(shape, chunk_shape, strict=True)]
+    for idx in np.ndindex(*grid):
+        yield "c/" + "/".join(map(str, idx)), tuple(idx)
+
