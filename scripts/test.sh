@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs, lints, then runs the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+.venv/bin/ruff check ravex tests benchmarks spec
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
