@@ -22,20 +22,25 @@ MANIFEST_FORMAT = "ravex-manifest"
 
 @dataclass(frozen=True)
 class ChunkRef:
-    """Where one chunk's encoded bytes live: an object, or inline in the manifest.
+    """Where one chunk's encoded bytes live: a whole object, a byte range of a pack
+    object (``offset`` set), or inline in the manifest.
 
     ``raw`` is the digest of the chunk's *decoded* bytes: a writer compares it to
-    decide, without encoding or any storage round trip, that a chunk is unchanged.
+    decide, without encoding or any storage round trip, that a chunk is unchanged,
+    and a reader checks every decoded chunk against it.
     """
 
     raw: str
     size: int
     object: str | None = None
     inline: bytes | None = None
+    offset: int | None = None  # set only for chunks packed with others into one object
 
     def to_json(self) -> dict[str, Any]:
         if self.inline is not None:
             return {"inline": base64.b64encode(self.inline).decode("ascii"), "raw": self.raw}
+        if self.offset is not None:
+            return {"object": self.object, "offset": self.offset, "size": self.size, "raw": self.raw}
         return {"object": self.object, "size": self.size, "raw": self.raw}
 
     @classmethod
@@ -54,7 +59,10 @@ class ChunkRef:
         size = doc.get("size")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ManifestError(f"{where}: chunk entry has no valid 'size'")
-        return cls(raw=raw, size=size, object=check_object_name(doc.get("object"), where))
+        offset = doc.get("offset")
+        if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool) or offset < 0):
+            raise ManifestError(f"{where}: chunk entry has an invalid 'offset'")
+        return cls(raw=raw, size=size, object=check_object_name(doc.get("object"), where), offset=offset)
 
 
 @dataclass(frozen=True)

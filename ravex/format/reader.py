@@ -188,6 +188,7 @@ class StepReader:
     def _read_chunk(
         self, path: str, entry: ArrayEntry, key: str, offset: int, length: int, dst: memoryview, full: int
     ) -> None:
+        """Fetch one chunk, check it against its ``raw`` digest, copy the wanted bytes to ``dst``."""
         where = f"step {self.step} tensor {path!r} chunk {key}"
         ref = entry.chunks.get(key)
         if ref is None:
@@ -196,23 +197,33 @@ class StepReader:
         pipe = pipeline(entry.codecs, where)
         if ref.inline is not None:
             stored: bytes | memoryview = ref.inline
-        elif pipe.compressor is None and offset == 0 and length == full == ref.size:
-            self._read_object_into(ref, dst, where)
+        elif ref.offset is None and pipe.compressor is None and offset == 0 and length == full == ref.size:
+            self._read_object_into(ref, dst, where)  # straight into the caller's buffer
+            _check_raw(dst, ref, where)
             return
         else:
-            stored = self._read_object(ref, where)
+            stored = self._fetch(ref, where)
         decoded = memoryview(pipe.decode(stored)).cast("B")
-        if decoded.nbytes != full or (ref.inline is not None and digest(decoded) != ref.raw):
+        if decoded.nbytes != full:
             raise CorruptObjectError(f"{where}: decoded to {decoded.nbytes} bytes, expected {full}")
+        _check_raw(decoded, ref, where)
         dst[:] = decoded[offset : offset + length]
 
-    def _read_object(self, ref: ChunkRef, where: str) -> bytes:
+    def _fetch(self, ref: ChunkRef, where: str) -> bytes:
+        """The chunk's stored bytes: a whole object, or its range of a pack."""
         assert ref.object is not None
+        key = object_key(ref.object)
         try:
-            data = self.store.storage.read(object_key(ref.object))
+            if ref.offset is None:
+                data = self.store.storage.read(key)
+            else:
+                data = self.store.storage.read_range(key, ref.offset, ref.offset + ref.size)
         except FileNotFoundError:
             raise CorruptObjectError(f"{where}: object {ref.object} is missing") from None
-        _verify(data, ref, where)
+        if len(data) != ref.size:
+            raise CorruptObjectError(
+                f"{where}: object {ref.object} gave {len(data)} bytes, manifest says {ref.size} (truncated?)"
+            )
         return data
 
     def _read_object_into(self, ref: ChunkRef, dst: memoryview, where: str) -> None:
@@ -223,7 +234,6 @@ class StepReader:
             raise CorruptObjectError(f"{where}: object {ref.object} is missing") from None
         if n != ref.size:
             raise CorruptObjectError(f"{where}: object {ref.object} has {n} bytes, manifest says {ref.size}")
-        _verify(dst, ref, where)
 
     def _manifest(self, rank: int) -> Manifest:
         if not 0 <= rank < self.world_size:
@@ -231,12 +241,10 @@ class StepReader:
         return self.manifests[rank]
 
 
-def _verify(data: bytes | memoryview, ref: ChunkRef, where: str) -> None:
-    size = memoryview(data).nbytes
-    if size != ref.size:
-        raise CorruptObjectError(f"{where}: object {ref.object} has {size} bytes, manifest says {ref.size}")
-    if digest(data) != ref.object:
-        raise CorruptObjectError(f"{where}: object {ref.object} does not match its hash (corrupt bytes)")
+def _check_raw(decoded: bytes | memoryview, ref: ChunkRef, where: str) -> None:
+    if digest(decoded) != ref.raw:
+        what = f"object {ref.object}" if ref.object else "inline chunk"
+        raise CorruptObjectError(f"{where}: {what} does not match its digest (corrupt bytes)")
 
 
 def _merge(manifests: list[Manifest]) -> dict[str, ArrayEntry]:

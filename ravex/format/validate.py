@@ -144,10 +144,11 @@ def validate(
                             Finding("missing_object", f"{where}: object {ref.object} is missing",
                                     step, rank, path, key, ref.object)
                         )
-                    elif found[1] != ref.size:
+                    elif (found[1] != ref.size) if ref.offset is None else (found[1] < ref.offset + ref.size):
+                        want = ref.size if ref.offset is None else f"at least {ref.offset + ref.size}"
                         report.findings.append(
                             Finding("size_mismatch",
-                                    f"{where}: object {ref.object} has {found[1]} bytes, manifest says {ref.size}",
+                                    f"{where}: object {ref.object} has {found[1]} bytes, manifest says {want}",
                                     step, rank, path, key, ref.object)
                         )
         info = store.step_info(step)
