@@ -25,7 +25,7 @@ def escape_key(key: str) -> str:
     """Encode one tree key as a valid, reversible Zarr node name."""
     if key == "":
         return "%00"  # unquote gives "\x00"; the manifest tree holds the real (empty) key
-    out = quote(key, safe=_SAFE)
+    out = quote(key, safe=_SAFE).replace("~", "%7E")  # quote() never encodes "~"; node names must not hold it
     if out.startswith("__"):
         out = "%5F" + out[1:]
     if set(out) == {"."}:
