@@ -72,13 +72,17 @@ class Pipeline:
             return self.compressor.encode(arr)
         return self.compressor.encode(raw)
 
-    def decode(self, stored: bytes, out: memoryview | None = None) -> bytes | memoryview:
+    def decode(self, stored: bytes | memoryview, size: int) -> bytes | memoryview:
+        """Decode into a buffer of exactly ``size`` bytes, the chunk's decoded size from the
+        metadata; anything that would decode to more (a decompression bomb) is refused."""
         if self.compressor is None:
             return stored
-        if out is not None:
-            self.compressor.decode(stored, out=np.frombuffer(out, dtype="u1"))
-            return out
-        return self.compressor.decode(stored)
+        out = np.empty(size, dtype="u1")
+        try:
+            self.compressor.decode(stored, out=out)
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"chunk does not decode to {size} bytes: {exc}") from None
+        return memoryview(out)
 
 
 _CACHE: dict[str, Pipeline] = {}

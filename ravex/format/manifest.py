@@ -136,9 +136,12 @@ class Manifest:
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"{where}: truncated or malformed JSON ({exc})") from None
-        return cls.from_json(doc, where)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ManifestError(f"{where}: truncated or malformed JSON ({type(exc).__name__}: {exc})") from None
+        try:
+            return cls.from_json(doc, where)
+        except RecursionError:
+            raise ManifestError(f"{where}: JSON nested too deeply") from None
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Manifest:

@@ -90,7 +90,10 @@ class StepReader:
                 raise ManifestError(f"{where}: tree names tensor {path!r} that no manifest holds")
             return ArrayRef(self, path)
 
-        return decode_value(m.tree, on_array, where)
+        try:
+            return decode_value(m.tree, on_array, where)
+        except RecursionError:
+            raise ManifestError(f"{where}: state tree nested too deeply") from None
 
     def read(self, rank: int = 0, subtree: Any = None) -> Any:
         """The state tree of ``rank`` (or one subtree of it) with numpy arrays at the leaves.
@@ -140,6 +143,7 @@ class StepReader:
                 out_shape = (stop - start, *shape[1:])
             else:
                 start, stop, out_shape = 0, 0, ()
+            _check_chunks_present(path, entry, self.step)  # before allocating what the metadata claims
             out = (outs or {}).get(path)
             if out is None:
                 out = np.empty(out_shape, dtype=dt.numpy)
@@ -203,7 +207,10 @@ class StepReader:
             return
         else:
             stored = self._fetch(ref, where)
-        decoded = memoryview(pipe.decode(stored)).cast("B")
+        try:
+            decoded = memoryview(pipe.decode(stored, full)).cast("B")
+        except ValueError as exc:
+            raise CorruptObjectError(f"{where}: {exc}") from None
         if decoded.nbytes != full:
             raise CorruptObjectError(f"{where}: decoded to {decoded.nbytes} bytes, expected {full}")
         _check_raw(decoded, ref, where)
@@ -239,6 +246,23 @@ class StepReader:
         if not 0 <= rank < self.world_size:
             raise ArrayNotFoundError(f"step {self.step} has ranks 0..{self.world_size - 1}, not {rank}")
         return self.manifests[rank]
+
+
+def _check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
+    """Every chunk of a non-empty array must have an entry: Ravex writes them all. This also
+    stops a hostile manifest from making a reader allocate a huge array it cannot fill."""
+    shape, chunk_shape = entry.shape, entry.chunk_shape
+    if not shape:
+        expected = 1
+    elif math.prod(shape) == 0:
+        expected = 0
+    else:
+        expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
+    if any(c <= 0 for c in chunk_shape) or len(entry.chunks) != expected:
+        raise CorruptObjectError(
+            f"step {step} tensor {path!r}: {len(entry.chunks)} chunk entries for a grid of {expected} "
+            f"(shape {list(shape)}, chunks {list(chunk_shape)}); the manifest is inconsistent"
+        )
 
 
 def _check_raw(decoded: bytes | memoryview, ref: ChunkRef, where: str) -> None:
