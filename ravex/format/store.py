@@ -176,11 +176,13 @@ class CheckpointStore:
         chunk_bytes: int | None = None,
         threads: int | None = None,
         run: str | None = None,
+        delta: bool = True,
     ) -> StepWriter:
-        """A writer for one rank; it keeps the delta base between commits."""
+        """A writer for one rank; it keeps the delta base between commits (``delta=False``
+        stores every chunk anew each time)."""
         from .writer import StepWriter
 
-        return StepWriter(self, rank, world_size, compression, chunk_bytes, threads, run)
+        return StepWriter(self, rank, world_size, compression, chunk_bytes, threads, run, delta)
 
     def open_step(self, step: int | str = "latest") -> StepReader:
         """A reader over one complete step (all ranks' manifests merged)."""

@@ -124,6 +124,7 @@ class StepWriter:
         chunk_bytes: int | None = None,
         threads: int | None = None,
         run: str | None = None,
+        delta: bool = True,
     ) -> None:
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -135,7 +136,8 @@ class StepWriter:
         self.chunk_bytes = int(chunk_bytes or DEFAULT_CHUNK_BYTES)
         self.run = run or uuid.uuid4().hex
         self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
-        self._base: dict[tuple[str, str], ChunkRef] | None = None
+        self.delta = delta  # False: every commit stores every chunk anew (no reuse)
+        self._base: dict[tuple[str, str], ChunkRef] | None = None if delta else {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -262,7 +264,8 @@ class StepWriter:
         stats.manifest_bytes = len(data)
         self.store.storage.write(manifest_key(step, self.rank), data)
         self.store.storage.sync()
-        self._base = _reuse_index(manifest)
+        if self.delta:
+            self._base = _reuse_index(manifest)
         ended = time.perf_counter()
         stats.seconds = {
             "hash": timings.hash,
