@@ -1,0 +1,119 @@
+"""Ravex — transparent checkpointing for PyTorch training.
+
+Two ways in.
+
+**Zero code changes** (what the project is for). Install the autoloader once, drop a
+``ravex.yaml`` next to your code, and run your script unchanged::
+
+    ravex enable
+    python train.py
+
+**One line**, when you would rather be explicit::
+
+    import ravex
+    ravex.activate()
+
+Either way, every ``optimizer.step()`` is counted, a checkpoint is written every
+``checkpoint_every`` steps, and rerunning the same script picks up where the last one
+stopped — model, optimizer, LR scheduler, AMP scaler, RNG streams and DataLoader
+position included — bit for bit.
+
+This module imports nothing heavy: torch is imported by the calls that need it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The one place the version is written. ``pyproject.toml`` reads it from here, and
+#: ``ravex status`` reports this one.
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "activate",
+    "checkpoint",
+    "deactivate",
+    "flush",
+    "is_active",
+    "status",
+    "step",
+]
+
+
+def activate(**overrides: Any) -> Any:
+    """Install the PyTorch patches and start checkpointing.
+
+    Keyword arguments override ``ravex.yaml`` and ``RAVEX_*`` settings, e.g.
+    ``ravex.activate(checkpoint_every=100, backend="torch_save")``. Calling it twice is
+    harmless; changing options once active raises :class:`RuntimeError` (they are
+    baked into the patches and the open store). An unknown option raises
+    :class:`TypeError`, naming the nearest valid one.
+    """
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    if runtime is not None:
+        if overrides:
+            raise RuntimeError(
+                "Ravex is already active; configuration cannot be changed after activation. "
+                "Set the options in ravex.yaml or RAVEX_* environment variables instead."
+            )
+        return runtime
+    from ravex._config import RavexConfig
+
+    config = RavexConfig.load(overrides)
+    return _runtime.start(config, scan_existing=True)
+
+
+def deactivate() -> None:
+    """Flush, stop checkpointing and remove every patch. Mostly for tests."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    if runtime is not None:
+        runtime.shutdown(final_checkpoint=False)
+    _runtime.reset_runtime()
+
+
+def is_active() -> bool:
+    """Whether the runtime is installed and checkpointing."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    return runtime is not None and runtime.enabled
+
+
+def checkpoint() -> bool:
+    """Take a checkpoint now, outside the cadence. False if inactive or it failed."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    return runtime.checkpoint() if runtime is not None else False
+
+
+def flush() -> None:
+    """Block until every pending checkpoint write has landed (or failed)."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    if runtime is not None:
+        runtime.flush()
+
+
+def step() -> int:
+    """The optimizer-step count as Ravex sees it (restored on resume)."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    return runtime.step if runtime is not None else 0
+
+
+def status() -> dict[str, Any]:
+    """What the runtime is doing: step, objects, store, last checkpoint, last error."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    if runtime is None:
+        return {"active": False}
+    return runtime.status()

@@ -1,0 +1,101 @@
+"""The autoloader that ``ravex enable`` installs: a one-line ``.pth`` runs this file.
+
+It runs at every interpreter start, so it must cost nothing: it imports no torch and
+no ravex (it is executed by path, not imported as part of the package), and without a
+``ravex.yaml`` (in the working directory, or named by ``RAVEX_CONFIG``) it does nothing
+at all. With one, it puts a finder on ``sys.meta_path`` that waits for ``import torch``;
+once torch has finished importing, it activates Ravex. Scripts that never import torch
+never pay for Ravex.
+
+Standard library only, and only modules the interpreter has already loaded at start.
+"""
+
+import os
+import sys
+
+PTH_NAME = "ravex-autoload.pth"
+MODULE_NAME = "_ravex_autoload"
+
+
+def pth_line(path: str) -> str:
+    """The ``.pth`` line that executes this file, by path, if it still exists."""
+    name = MODULE_NAME
+    return (
+        f"import os, sys, types; p = {path!r}; os.path.exists(p) and {name!r} not in sys.modules"
+        f" and exec(compile(open(p).read(), p, 'exec'),"
+        f" sys.modules.setdefault({name!r}, types.ModuleType({name!r})).__dict__)\n"
+    )
+
+
+def config_path() -> "str | None":
+    """``$RAVEX_CONFIG`` or ``./ravex.yaml`` if present: one stat, no parsing."""
+    named = os.environ.get("RAVEX_CONFIG")
+    if named:
+        return named
+    candidate = os.path.join(os.getcwd(), "ravex.yaml")
+    return candidate if os.path.isfile(candidate) else None
+
+
+class TorchImportHook:
+    """A meta path finder that fires once, when ``torch`` is imported."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            _activate()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _in_worker_process() -> bool:
+    """A DataLoader worker started by spawn imports torch too; it must not checkpoint."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return False
+    try:
+        current = mp.current_process()
+        return bool(getattr(current, "_inheriting", False)) or mp.parent_process() is not None
+    except Exception:
+        return False
+
+
+def _activate() -> None:
+    if _in_worker_process():
+        return
+    try:
+        import ravex
+
+        ravex.activate()
+    except Exception as exc:  # a bad ravex.yaml must stop the run, in one line
+        sys.stderr.write(f"ravex: {exc}\n")
+        raise SystemExit(2) from None
+
+
+def install() -> None:
+    if os.environ.get("RAVEX_DISABLE") or config_path() is None:
+        return
+    if "torch" in sys.modules:  # imported before us (odd, but possible): act now
+        _activate()
+        return
+    if not any(isinstance(f, TorchImportHook) or type(f).__name__ == "TorchImportHook"
+               for f in sys.meta_path):
+        sys.meta_path.insert(0, TorchImportHook())
+
+
+if __name__ == MODULE_NAME:
+    install()

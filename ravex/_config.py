@@ -1,0 +1,379 @@
+"""Configuration: ``ravex.yaml`` < ``RAVEX_*`` environment < ``activate()`` overrides.
+
+One frozen-after-load dataclass, :class:`RavexConfig`, validated in one place so that a
+typo fails at start-up with a single line naming the key, where it came from and the
+nearest valid key, instead of silently checkpointing with defaults for hours.
+
+Every value remembers its source (``default``, the yaml file, an env var, ``activate()``)
+because ``ravex status`` has to answer "why is it writing *there*?".
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import signal
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ravex.errors import ConfigError
+
+CONFIG_FILE = "ravex.yaml"
+CONFIG_ENV = "RAVEX_CONFIG"
+
+BACKENDS = ("zarr", "torch_save")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass
+class StorageConfig:
+    """Where checkpoints go: a local path or an fsspec URL, plus S3/R2 options."""
+
+    url: str = "./checkpoints"
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool = False
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+
+    @property
+    def is_remote(self) -> bool:
+        return "://" in self.url and not self.url.startswith(("file://", "memory://"))
+
+    @property
+    def local_path(self) -> str | None:
+        """The filesystem path for local stores, ``None`` for remote ones."""
+        if self.url.startswith("file://"):
+            return self.url[len("file://") :]
+        if "://" in self.url:
+            return None
+        return os.path.abspath(os.path.expanduser(self.url))
+
+    def storage_options(self) -> dict[str, Any] | None:
+        """fsspec ``storage_options`` for remote stores (s3fs spelling)."""
+        if not self.is_remote:
+            return None
+        opts: dict[str, Any] = {}
+        if self.access_key:
+            opts["key"] = self.access_key
+        if self.secret_key:
+            opts["secret"] = self.secret_key
+        client: dict[str, Any] = {}
+        if self.endpoint:
+            client["endpoint_url"] = self.endpoint
+        if self.region:
+            client["region_name"] = self.region
+        if client:
+            opts["client_kwargs"] = client
+        if self.path_style:
+            opts["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+        return opts
+
+
+STORAGE_KEYS = ("url", "path", "endpoint", "region", "path_style", "access_key", "secret_key")
+
+
+@dataclass
+class RavexConfig:
+    """The resolved configuration. Build it with :meth:`load`."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    checkpoint_every: int | None = 100
+    checkpoint_every_seconds: float | None = None
+    keep_last: int | None = 3
+    keep_every: int | None = None
+    compression: str = "none"
+    delta: bool = True
+    backend: str = "zarr"
+    checkpoint_on_exit: bool = True
+    checkpoint_on_signal: list[str] = field(default_factory=lambda: ["SIGTERM"])
+    resume: str | int = "auto"
+    log_level: str = "INFO"
+    #: key -> where its value came from; filled by :meth:`load`.
+    sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: the yaml file that was read, if any.
+    config_file: str | None = field(default=None, repr=False, compare=False)
+
+    # ── loading ─────────────────────────────────────────────────────────
+
+    @classmethod
+    def load(
+        cls,
+        overrides: dict[str, Any] | None = None,
+        path: str | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> RavexConfig:
+        """Resolve file < env < overrides into one validated config.
+
+        ``path`` defaults to ``$RAVEX_CONFIG`` or ``./ravex.yaml``; a missing file is
+        fine (defaults apply) unless it was named explicitly.
+        """
+        env = os.environ if environ is None else environ
+        config = cls()
+        config.sources = {name: "default" for name in config.keys()}
+        file_path = path or env.get(CONFIG_ENV) or find_config_file()
+        if file_path:
+            config.config_file = os.path.abspath(file_path)
+            config._apply(_read_yaml(file_path), f"{file_path}")
+        config._apply_env(env)
+        if overrides:
+            for key in overrides:
+                if key not in config.keys() and key != "storage":
+                    hint = _nearest(key, config.keys())
+                    raise TypeError(f"unknown configuration option {key!r}{hint}")
+            config._apply(dict(overrides), "activate()")
+        return config
+
+    @staticmethod
+    def keys() -> list[str]:
+        return [f.name for f in fields(RavexConfig) if f.name not in ("sources", "config_file")]
+
+    def _apply(self, values: dict[str, Any], source: str) -> None:
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: expected a mapping of options, got {type(values).__name__}")
+        for key, value in values.items():
+            if key not in self.keys():
+                raise ConfigError(
+                    f"unknown key {key!r} in {source}{_nearest(str(key), self.keys())}"
+                )
+            try:
+                if key == "storage":
+                    self._set_storage(value, source)
+                    continue
+                setattr(self, key, _VALIDATORS[key](value))
+            except ConfigError:
+                raise
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"bad value for {key!r} in {source}: {exc}") from None
+            self.sources[key] = source
+
+    def _set_storage(self, value: Any, source: str) -> None:
+        if isinstance(value, str):
+            self.storage.url = _nonempty_str(value)
+            self.sources["storage"] = source
+            return
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"bad value for 'storage' in {source}: expected a path/URL string or a mapping "
+                f"with keys {list(STORAGE_KEYS)}, got {value!r}"
+            )
+        for key, item in value.items():
+            if key not in STORAGE_KEYS:
+                raise ConfigError(
+                    f"unknown key 'storage.{key}' in {source}"
+                    f"{_nearest(str(key), STORAGE_KEYS, prefix='storage.')}"
+                )
+            try:
+                if key in ("url", "path"):
+                    self.storage.url = _nonempty_str(item)
+                elif key == "path_style":
+                    self.storage.path_style = _bool(item)
+                else:
+                    setattr(self.storage, key, None if item is None else _nonempty_str(item))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"bad value for 'storage.{key}' in {source}: {exc}") from None
+            self.sources[f"storage.{'url' if key == 'path' else key}"] = source
+        self.sources["storage"] = source
+
+    def _apply_env(self, env: Any) -> None:
+        values: dict[str, Any] = {}
+        storage: dict[str, Any] = {}
+        for name, raw in env.items():
+            if not name.startswith("RAVEX_") or name == CONFIG_ENV:
+                continue
+            key = name[len("RAVEX_") :].lower()
+            if key in self.keys():
+                values[key] = _parse_env(raw)
+            elif key.startswith("storage_") and key[len("storage_") :] in STORAGE_KEYS:
+                storage[key[len("storage_") :]] = raw
+            elif key in ("s3_access_key", "s3_secret_key"):
+                storage[key[len("s3_") :]] = raw
+            else:
+                import logging
+
+                logging.getLogger("ravex").warning(
+                    "ignoring unknown environment variable %s%s",
+                    name,
+                    _nearest(key, self.keys(), prefix="RAVEX_", upper=True),
+                )
+        # AWS_* are the fallback for credentials, never an override of RAVEX_S3_*.
+        if self.storage.access_key is None and "access_key" not in storage:
+            if env.get("AWS_ACCESS_KEY_ID"):
+                self.storage.access_key = env["AWS_ACCESS_KEY_ID"]
+                self.sources["storage.access_key"] = "env AWS_ACCESS_KEY_ID"
+        if self.storage.secret_key is None and "secret_key" not in storage:
+            if env.get("AWS_SECRET_ACCESS_KEY"):
+                self.storage.secret_key = env["AWS_SECRET_ACCESS_KEY"]
+                self.sources["storage.secret_key"] = "env AWS_SECRET_ACCESS_KEY"
+        for key, value in values.items():
+            self._apply({key: value}, f"env RAVEX_{key.upper()}")
+        for key, value in storage.items():
+            env_name = f"RAVEX_S3_{key.upper()}" if key.endswith("_key") else f"RAVEX_STORAGE_{key.upper()}"
+            self._set_storage({key: value}, f"env {env_name}")
+
+    # ── reporting ───────────────────────────────────────────────────────
+
+    def describe(self) -> dict[str, Any]:
+        """The effective values (credentials masked), for ``status()``."""
+        out: dict[str, Any] = {}
+        for name in self.keys():
+            if name == "storage":
+                out["storage"] = self.storage.url
+                for key in ("endpoint", "region"):
+                    if getattr(self.storage, key):
+                        out[f"storage.{key}"] = getattr(self.storage, key)
+                if self.storage.path_style:
+                    out["storage.path_style"] = True
+                if self.storage.access_key:
+                    out["storage.access_key"] = "***"
+                continue
+            out[name] = getattr(self, name)
+        return out
+
+    def source_of(self, key: str) -> str:
+        return self.sources.get(key, "default")
+
+
+# ── validators ──────────────────────────────────────────────────────────
+
+
+def _parse_env(raw: str) -> Any:
+    """Env vars are strings; read them as YAML scalars so ``10``, ``true``, ``null`` work."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        return raw
+
+
+def _nonempty_str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return value.lower() in ("true", "yes", "on", "1")
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _positive_int_or_none(value: Any) -> int | None:
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a positive integer (or null/0 to disable), got {value!r}")
+    return value
+
+
+def _positive_float_or_none(value: Any) -> float | None:
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"expected a positive number of seconds (or null), got {value!r}")
+    return float(value)
+
+
+def _one_of(choices: tuple[str, ...], upper: bool = False):
+    def check(value: Any) -> str:
+        text = value.upper() if upper and isinstance(value, str) else value
+        if text not in choices:
+            raise ValueError(f"expected one of {list(choices)}, got {value!r}")
+        return text
+
+    return check
+
+
+def _compression(value: Any) -> str:
+    value = _nonempty_str(value)
+    known = _known_compressions()
+    if known is not None and value not in known:
+        raise ValueError(f"expected one of {sorted(known)}, got {value!r}")
+    return value
+
+
+def _known_compressions() -> set[str] | None:
+    """The format's codec names, if it publishes them; otherwise the writer decides."""
+    try:
+        from ravex.format import writer
+    except ImportError:
+        return None
+    names = getattr(writer, "COMPRESSIONS", None)
+    return set(names) if names else None
+
+
+def _signals(value: Any) -> list[str]:
+    if value is True:
+        return ["SIGTERM"]
+    if value is False or value is None:
+        return []
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of signal names like ['SIGTERM'], got {value!r}")
+    out = []
+    for item in value:
+        name = str(item).upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        if not isinstance(getattr(signal, name, None), signal.Signals) or name in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"{item!r} is not a signal that can be caught")
+        out.append(name)
+    return out
+
+
+def _resume(value: Any) -> str | int:
+    if value in ("auto", "never"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected 'auto', 'never' or a step number, got {value!r}")
+    return value
+
+
+_VALIDATORS = {
+    "checkpoint_every": _positive_int_or_none,
+    "checkpoint_every_seconds": _positive_float_or_none,
+    "keep_last": _positive_int_or_none,
+    "keep_every": _positive_int_or_none,
+    "compression": _compression,
+    "delta": _bool,
+    "backend": _one_of(BACKENDS),
+    "checkpoint_on_exit": _bool,
+    "checkpoint_on_signal": _signals,
+    "resume": _resume,
+    "log_level": _one_of(LOG_LEVELS, upper=True),
+}
+
+
+def _nearest(key: str, choices: Any, prefix: str = "", upper: bool = False) -> str:
+    match = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
+    if not match:
+        return f"; valid keys are {', '.join(prefix + c for c in choices)}"
+    name = prefix + (match[0].upper() if upper else match[0])
+    return f"; did you mean {name!r}?"
+
+
+def find_config_file(cwd: str | None = None) -> str | None:
+    """``./ravex.yaml`` if it exists. Cheap: one stat, no imports."""
+    candidate = os.path.join(cwd or os.getcwd(), CONFIG_FILE)
+    return candidate if os.path.isfile(candidate) else None
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist (named by {CONFIG_ENV}?)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of options, got {type(data).__name__}")
+    return data

@@ -1,0 +1,210 @@
+"""What Ravex patches in torch, and how it is undone.
+
+Every patch is recorded in :class:`Patches` with the original, and :meth:`Patches.undo`
+puts them back in reverse order, so ``deactivate()`` leaves torch as it found it.
+
+==================================  ============================================
+patched                             why
+==================================  ============================================
+``nn.Module.__init__``              register models in creation order
+``Optimizer.__init__``              register optimizers
+``LRScheduler.__init__``            register schedulers (ReduceLROnPlateau too)
+``amp.GradScaler.__init__``         register AMP scalers
+``DataLoader.__init__``/``__iter__``  register loaders; count epochs; resume mid-epoch
+``_BaseDataLoaderIter.__init__``    skip resumed batches *at the sampler*
+``_BaseDataLoaderIter.__next__``    the step boundary where checkpoints are taken
+global optimizer step post hook     count steps (torch's own hook, no patch)
+global forward / step pre hooks     restore before the first forward (removed after)
+==================================  ============================================
+
+Between checkpoints the cost is one Python call per batch and per optimizer step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import dataloader as _dl
+
+_END = object()
+
+
+class Patches:
+    """Installed patches and hook handles, undoable."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def replace(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name]
+        setattr(owner, name, make(original))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def handle(self, handle: Any) -> None:
+        self._undo.append(handle.remove)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def _register_after(kind: str, runtime: Any) -> Callable[[Any], Any]:
+    """Wrap an ``__init__`` so that the object is registered as it is created."""
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            runtime.registry.add(kind, self)
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    return make
+
+
+def install(runtime: Any) -> Patches:
+    """Install every patch for ``runtime``; returns the undo record."""
+    patches = Patches()
+    patches.replace(torch.nn.Module, "__init__", _register_after("modules", runtime))
+    patches.replace(torch.optim.Optimizer, "__init__", _register_after("optimizers", runtime))
+    patches.replace(torch.optim.lr_scheduler.LRScheduler, "__init__",
+                    _register_after("schedulers", runtime))
+    if "__init__" in torch.optim.lr_scheduler.ReduceLROnPlateau.__dict__ and not issubclass(
+        torch.optim.lr_scheduler.ReduceLROnPlateau, torch.optim.lr_scheduler.LRScheduler
+    ):  # pragma: no cover - torch < 2.2
+        patches.replace(torch.optim.lr_scheduler.ReduceLROnPlateau, "__init__",
+                        _register_after("schedulers", runtime))
+    patches.replace(torch.amp.GradScaler, "__init__", _register_after("scalers", runtime))
+
+    def loader_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            runtime.registry.loader_state(self)
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    def loader_iter(original: Any) -> Any:
+        @functools.wraps(original)
+        def __iter__(self: Any) -> Any:
+            return runtime.loader_iter(self, original)
+
+        return __iter__
+
+    def base_iter_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, loader: Any) -> None:
+            original(self, loader)
+            st = loader.__dict__.get("_ravex_state")
+            if st is None:
+                return
+            self._ravex_state = st
+            skip, st.pending_skip = st.pending_skip, 0
+            if self._dataset_kind == _dl._DatasetKind.Iterable:
+                self._ravex_discard = skip  # no sampler to skip at: drop whole batches
+                return
+            # Draw the shuffle order now, under the epoch's RNG, and skip at the sampler:
+            # indices only, no sample of the skipped batches is ever loaded.
+            self._index_sampler = _PrimedSampler(self._index_sampler, skip)
+            self._sampler_iter = iter(self._index_sampler)
+
+        return __init__
+
+    def iter_next(original: Any) -> Any:
+        @functools.wraps(original)
+        def __next__(self: Any) -> Any:
+            st = self.__dict__.get("_ravex_state")
+            if st is None:
+                return original(self)
+            runtime.at_boundary(st)
+            discard = self.__dict__.get("_ravex_discard", 0)
+            try:
+                while discard:
+                    original(self)
+                    discard -= 1
+                    self._ravex_discard = discard
+                data = original(self)
+            except StopIteration:
+                st.exhausted = True
+                raise
+            st.yielded += 1
+            return data
+
+        return __next__
+
+    patches.replace(torch.utils.data.DataLoader, "__init__", loader_init)
+    patches.replace(torch.utils.data.DataLoader, "__iter__", loader_iter)
+    patches.replace(_dl._BaseDataLoaderIter, "__init__", base_iter_init)
+    patches.replace(_dl._BaseDataLoaderIter, "__next__", iter_next)
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    patches.handle(register_optimizer_step_post_hook(runtime.on_optimizer_step))
+    return patches
+
+
+def install_restore_triggers(runtime: Any) -> list[Any]:
+    """Hooks that restore before the first forward or optimizer step; caller removes them."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def before_forward(module: Any, args: Any) -> None:
+        runtime.ensure_restored()
+
+    def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        runtime.ensure_restored()
+
+    return [register_module_forward_pre_hook(before_forward),
+            register_optimizer_step_pre_hook(before_step)]
+
+
+class _PrimedSampler:
+    """An index sampler whose iterators are eager; the first one skips ``skip`` items.
+
+    Eager, so that a shuffling sampler draws its seed when the epoch starts (where the
+    epoch's RNG state is known) rather than at the first ``next()``; a resumed run can
+    then replay that draw exactly. The multi-process iterator asks for ``iter()`` twice
+    while starting (base ``__init__`` and ``_reset``): until an item is taken, the same
+    prepared iterator is handed out, so the seed is drawn once.
+    """
+
+    def __init__(self, inner: Any, skip: int) -> None:
+        self.inner = inner
+        self._skip = skip
+        self._current: _Prepared | None = None
+
+    def __iter__(self) -> Any:
+        if self._current is None or self._current.started:
+            skip, self._skip = self._skip, 0
+            self._current = _Prepared(self.inner, skip)
+        return self._current
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+
+class _Prepared:
+    """The iterator of :class:`_PrimedSampler`: skipped and first item drawn up front."""
+
+    def __init__(self, inner: Any, skip: int) -> None:
+        self.started = False
+        it = iter(inner)
+        for _ in range(skip):  # indices only: no sample of a skipped batch is loaded
+            if next(it, _END) is _END:
+                break
+        first = next(it, _END)
+        self._it = iter(()) if first is _END else itertools.chain((first,), it)
+
+    def __iter__(self) -> _Prepared:
+        return self
+
+    def __next__(self) -> Any:
+        self.started = True
+        return next(self._it)

@@ -1,0 +1,98 @@
+"""The live training objects, in creation order.
+
+A rerun of the same script creates the same objects in the same order, so "the second
+optimizer created" is a stable name across runs where ``id()`` is not. Objects are held
+weakly: the registry must never keep a model alive that the script dropped.
+
+Models are the *root* modules that hold state: a submodule is saved as part of its
+parent, and a stateless module (a loss) is not a model. Roots are worked out at
+collection time, because a module only becomes a child once its parent assigns it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("models", "optimizers", "schedulers", "scalers", "loaders")
+
+
+@dataclass
+class LoaderState:
+    """Where one DataLoader is: which epoch (``__iter__`` call) and how far into it."""
+
+    index: int = -1  # set when collected
+    epoch: int = -1  # 0-based count of __iter__ calls; -1 before the first
+    yielded: int = 0  # batches handed out in the current epoch
+    exhausted: bool = False  # the current epoch's iterator raised StopIteration
+    epoch_rng: dict[str, Any] | None = None  # RNG states captured when this epoch began
+    pending_skip: int = 0  # batches the next iterator must skip at the sampler
+    resume: dict[str, Any] | None = None  # this loader's entry in the checkpoint, until used
+    resume_checked: bool = False
+
+
+@dataclass
+class Registry:
+    """Weak, ordered sets of the objects Ravex saves and restores."""
+
+    _seq: Any = field(default_factory=itertools.count)
+    _objects: dict[str, dict[int, tuple[int, weakref.ref]]] = field(
+        default_factory=lambda: {k: {} for k in KINDS}
+    )
+    _modules: dict[int, tuple[int, weakref.ref]] = field(default_factory=dict)
+
+    def add(self, kind: str, obj: Any) -> None:
+        """Record ``obj`` (first sighting wins the position)."""
+        table = self._modules if kind == "modules" else self._objects[kind]
+        key = id(obj)
+        entry = table.get(key)
+        if entry is not None and entry[1]() is obj:
+            return
+        table[key] = (next(self._seq), weakref.ref(obj, lambda _r, k=key, t=table: t.pop(k, None)))
+
+    def live(self, kind: str) -> list[Any]:
+        """Live objects of ``kind`` in creation order."""
+        if kind == "models":
+            return self.models()
+        return _ordered(self._objects[kind])
+
+    def models(self) -> list[Any]:
+        """Root modules with state, in creation order."""
+        modules = _ordered(self._modules)
+        inner: set[int] = set()
+        for module in modules:
+            if id(module) in inner:
+                continue  # its descendants are already marked by its parent
+            for child in module.modules():
+                if child is not module:
+                    inner.add(id(child))
+        return [m for m in modules if id(m) not in inner and _has_state(m)]
+
+    def counts(self) -> dict[str, int]:
+        return {kind: len(self.live(kind)) for kind in KINDS}
+
+    def loader_state(self, loader: Any) -> LoaderState:
+        state = loader.__dict__.get("_ravex_state")
+        if state is None:
+            self.add("loaders", loader)
+            state = LoaderState()
+            loader.__dict__["_ravex_state"] = state
+        return state
+
+
+def _ordered(table: dict[int, tuple[int, weakref.ref]]) -> list[Any]:
+    out = []
+    for seq, ref in sorted(table.values(), key=lambda e: e[0]):
+        obj = ref()
+        if obj is not None:
+            out.append(obj)
+        del seq
+    return out
+
+
+def _has_state(module: Any) -> bool:
+    for _ in itertools.chain(module.parameters(), module.buffers()):
+        return True
+    return False

@@ -1,0 +1,489 @@
+"""The runtime: counts steps, decides when to checkpoint, and resumes a rerun exactly.
+
+Where a checkpoint is taken matters as much as what is in it. The optimizer step only
+marks a checkpoint *due*; it is taken at the next step boundary, which is the next
+``next()`` on a DataLoader iterator, before the batch is fetched. By then the whole loop
+body of the finished step has run (``scheduler.step()``, logging, RNG draws after the
+optimizer step), so the saved state is exactly "between two steps". Loops without a
+DataLoader get their checkpoint right after ``optimizer.step()``.
+
+A rerun restores that state before its first forward pass. A DataLoader resumes where
+it was: epochs already finished pass through empty (the outer ``for epoch`` loop runs
+on), and the interrupted epoch replays the RNG state it started with, so the shuffle
+order and worker seeds are the same, then skips the consumed batches at the sampler.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from ravex import _distributed, _patches, _state
+from ravex._config import RavexConfig
+from ravex._registry import LoaderState, Registry
+
+logger = logging.getLogger("ravex")
+
+_runtime: RavexRuntime | None = None
+
+
+def get_runtime(create: bool = False) -> RavexRuntime | None:
+    return _runtime
+
+
+def reset_runtime() -> None:
+    global _runtime
+    _runtime = None
+
+
+def start(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
+    """Create, activate and publish the process's runtime."""
+    global _runtime
+    runtime = RavexRuntime(config)
+    _runtime = runtime
+    try:
+        runtime.activate(scan_existing=scan_existing)
+    except BaseException:
+        _runtime = None
+        runtime.shutdown(final_checkpoint=False)
+        raise
+    atexit.register(runtime.shutdown)
+    return runtime
+
+
+class _Empty:
+    """The iterator of an epoch that already finished before the resume."""
+
+    def __iter__(self) -> _Empty:
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration
+
+    def __len__(self) -> int:
+        return 0
+
+
+class RavexRuntime:
+    """One per process. Public behaviour is reached through :mod:`ravex`."""
+
+    def __init__(self, config: RavexConfig) -> None:
+        self.config = config
+        self.registry = Registry()
+        self.enabled = False
+        self.step = 0
+        self.pid = os.getpid()
+        self.rank = _distributed.get_rank()
+        self.world_size = _distributed.get_world_size()
+        self.backend: Any = None
+        self.backend_error: str | None = None
+        self.checkpoint_error: str | None = None
+        self.last_stall: dict[str, float] | None = None
+        self.last_checkpoint_step: int | None = None
+        self.resumed_from: int | None = None
+        self._due = False
+        self._steps_here = 0
+        self._last_time = time.monotonic()
+        self._exit_signal: int | None = None
+        self._crashed = False
+        self._patches: _patches.Patches | None = None
+        self._triggers: list[Any] = []
+        self._signals: dict[int, Any] = {}
+        self._prepared_writes = False
+        self._candidates: list[int] = []
+        self._resume_tree: dict[str, Any] | None = None
+        self._resume_loaders: list[dict[str, Any]] | None = None
+        self._resume_loaded = False
+        self._restored = True
+        self._shut = False
+
+    # ── lifecycle ───────────────────────────────────────────────────────
+
+    def activate(self, scan_existing: bool = True) -> None:
+        _setup_logging(self.config.log_level)
+        self._patches = _patches.install(self)
+        if scan_existing:
+            self._scan_existing()
+        self._open_backend()
+        self._plan_resume()
+        self._install_signals()
+        self._wrap_excepthook()
+        self.enabled = True
+
+    def shutdown(self, final_checkpoint: bool = True) -> None:
+        """Final checkpoint (``checkpoint_on_exit``), flush, close; remove patches."""
+        if self._shut or os.getpid() != self.pid:
+            return
+        self._shut = True
+        try:
+            if (final_checkpoint and self.enabled and self.config.checkpoint_on_exit
+                    and not self._crashed and self._steps_here > 0
+                    and self.step != self.last_checkpoint_step):
+                self._checkpoint_now(None, reason="exit")
+            if self.backend is not None:
+                self.backend.flush()
+                self.backend.close()
+        finally:
+            self.enabled = False
+            for handle in self._triggers:
+                handle.remove()
+            self._triggers.clear()
+            self._restore_signals()
+            if self._patches is not None:
+                self._patches.undo()
+                self._patches = None
+            try:
+                atexit.unregister(self.shutdown)
+            except Exception:  # pragma: no cover
+                pass
+
+    def _scan_existing(self) -> None:
+        """``activate()`` after the model was built: find what already exists.
+
+        ``gc.get_objects()`` lists objects roughly in allocation order, which is the
+        order a rerun of the same script allocates them in, too.
+        """
+        from torch.optim.lr_scheduler import LRScheduler
+        from torch.utils.data import DataLoader
+
+        kinds = ((torch.nn.Module, "modules"), (torch.optim.Optimizer, "optimizers"),
+                 (LRScheduler, "schedulers"), (torch.amp.GradScaler, "scalers"))
+        for obj in gc.get_objects():
+            if isinstance(obj, DataLoader):
+                self.registry.loader_state(obj)
+                continue
+            for cls, kind in kinds:
+                if isinstance(obj, cls):
+                    self.registry.add(kind, obj)
+                    break
+
+    def _open_backend(self) -> bool:
+        from ravex.backends import get_backend
+
+        if self.backend is not None:
+            return True
+        try:
+            self.backend = get_backend(self.config, self.rank, self.world_size)
+            self.backend_error = None
+            return True
+        except Exception as exc:
+            self.backend_error = f"{type(exc).__name__}: {exc}"
+            logger.error("ravex: cannot open storage %s (%s); training continues, "
+                         "the next checkpoint interval retries", self.config.storage.url,
+                         self.backend_error)
+            return False
+
+    # ── resume ──────────────────────────────────────────────────────────
+
+    def _plan_resume(self) -> None:
+        resume = self.config.resume
+        if resume == "never" or self.backend is None:
+            return
+        steps = self.backend.complete_steps()
+        if resume == "auto":
+            self._candidates = sorted(steps, reverse=True)
+        else:
+            if resume not in steps:
+                from ravex.format.errors import StepNotFoundError
+
+                raise StepNotFoundError(
+                    f"resume: {resume} but {self.backend.url!r} has no complete step {resume}; "
+                    f"it has {steps[-5:]}{' (newest five)' if len(steps) > 5 else ''}"
+                )
+            self._candidates = [resume]
+        if self._candidates:
+            self._restored = False
+            self._triggers = _patches.install_restore_triggers(self)
+
+    def _load_resume(self) -> dict[str, Any] | None:
+        """Read the newest readable candidate step; corrupt ones fall back with a warning."""
+        if self._resume_loaded:
+            return self._resume_tree
+        self._resume_loaded = True
+        for i, step in enumerate(self._candidates):
+            started = time.perf_counter()
+            try:
+                tree = self.backend.load_step(step)
+                if tree is None:
+                    raise FileNotFoundError(f"step {step} vanished")
+            except Exception as exc:
+                nxt = self._candidates[i + 1] if i + 1 < len(self._candidates) else None
+                logger.warning("ravex: checkpoint step %d in %s is unreadable (%s: %s); %s",
+                               step, self.backend.url, type(exc).__name__, exc,
+                               f"falling back to step {nxt}" if nxt is not None
+                               else "no older step left, starting fresh")
+                continue
+            self.resumed_from = step
+            self._resume_tree = tree
+            self._resume_loaders = list(tree.get("loaders", []))
+            self._load_seconds = time.perf_counter() - started
+            return tree
+        return None
+
+    def ensure_restored(self) -> None:
+        """Restore the checkpoint into the live objects, once, before training touches them."""
+        if self._restored:
+            return
+        self._restored = True
+        for handle in self._triggers:
+            handle.remove()
+        self._triggers.clear()
+        tree = self._load_resume()
+        if tree is None:
+            return
+        started = time.perf_counter()
+        where = f"checkpoint step {self.resumed_from} in {self.backend.url!r}"
+        _state.restore(self.registry, tree, where)
+        self.step = int(tree["ravex"]["step"])
+        self.last_checkpoint_step = self.step
+        self._resume_tree = None  # the tensors now live in the model; drop the copy
+        logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
+                    self.step, self.backend.url, self._load_seconds * 1000,
+                    (time.perf_counter() - started) * 1000)
+
+    def _loader_entry(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
+        if st.resume_checked or (self._restored and self._resume_loaders is None):
+            return None
+        st.resume_checked = True
+        self._load_resume()
+        if not self._resume_loaders:
+            return None
+        index = next(i for i, obj in enumerate(self.registry.live("loaders")) if obj is loader)
+        if index >= len(self._resume_loaders):
+            return None
+        entry = self._resume_loaders[index]
+        _state.check_loader(f"checkpoint step {self.resumed_from} in {self.backend.url!r}",
+                            index, loader, entry)
+        return entry
+
+    def loader_iter(self, loader: Any, original: Any) -> Any:
+        """``DataLoader.__iter__``: count the epoch; on resume, skip or replay it."""
+        st = self.registry.loader_state(loader)
+        if not self.enabled:
+            return original(loader)
+        epoch = st.epoch + 1
+        entry = self._loader_entry(loader, st)
+        if entry is not None and epoch <= entry["epoch"]:
+            if epoch < entry["epoch"]:  # finished before the kill: pass through empty
+                st.resume_checked = False  # look again at the next epoch
+                st.epoch, st.yielded, st.exhausted = epoch, 0, True
+                return _Empty()
+            st.epoch, st.yielded, st.epoch_rng = epoch, int(entry["yielded"]), entry["epoch_rng"]
+            length = entry.get("length")
+            if entry["exhausted"] or (length is not None and st.yielded >= length):
+                st.exhausted = True
+                self.ensure_restored()
+                return _Empty()
+            # Replay the epoch's start: same worker seeds, same shuffle order.
+            was_restored = self._restored
+            current = _state.capture_epoch_rng(loader) if was_restored else None
+            _state.restore_epoch_rng(loader, entry["epoch_rng"])
+            st.exhausted = False
+            st.pending_skip = st.yielded
+            iterator = original(loader)
+            if current is not None:
+                _state.restore_epoch_rng(loader, current)
+            else:
+                self.ensure_restored()  # sets every RNG to the checkpoint's
+            return iterator
+        st.epoch, st.yielded, st.exhausted = epoch, 0, False
+        st.epoch_rng = _state.capture_epoch_rng(loader)
+        st.pending_skip = 0
+        return original(loader)
+
+    # ── saving ──────────────────────────────────────────────────────────
+
+    def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Global optimizer post-step hook: count, and checkpoint when due.
+
+        With several optimizers stepping once per iteration each, the step count is the
+        most any one of them has taken: one per iteration, not one per optimizer.
+        """
+        if not self.enabled:
+            return
+        n = optimizer.__dict__.get("_ravex_steps", 0) + 1
+        optimizer.__dict__["_ravex_steps"] = n
+        if n <= self.step:
+            return
+        self.step = n
+        self._steps_here += 1
+        every = self.config.checkpoint_every
+        if every and n % every == 0:
+            self._due = True
+        self._check_time()
+        if (self._due or self._exit_signal is not None) and not self._loader_active():
+            self._boundary(None)
+
+    def at_boundary(self, st: LoaderState) -> None:
+        """``next()`` on a DataLoader iterator, before the batch is fetched."""
+        if not self.enabled:
+            return
+        if not self._due:
+            self._check_time()
+        if self._due or self._exit_signal is not None:
+            self._boundary(st)
+
+    def _check_time(self) -> None:
+        seconds = self.config.checkpoint_every_seconds
+        if seconds and self.step != self.last_checkpoint_step and \
+                time.monotonic() - self._last_time >= seconds:
+            self._due = True
+
+    def _boundary(self, st: LoaderState | None) -> None:
+        if self._exit_signal is not None:
+            self._checkpoint_now(st, reason=signal.Signals(self._exit_signal).name)
+            if self.backend is not None:
+                self.backend.flush()
+            code = 128 + self._exit_signal
+            logger.warning("ravex: checkpoint of step %d flushed; exiting with status %d",
+                           self.step, code)
+            raise SystemExit(code)
+        self._checkpoint_now(st, reason="interval")
+
+    def _loader_active(self) -> bool:
+        for loader in self.registry.live("loaders"):
+            st = loader.__dict__.get("_ravex_state")
+            if st is not None and st.epoch >= 0 and not st.exhausted:
+                return True
+        return False
+
+    def checkpoint(self, force: bool = True) -> bool:
+        """``ravex.checkpoint()``: take one now. True if it was handed to the writer."""
+        return self._checkpoint_now(None, reason="manual", force=force)
+
+    def _checkpoint_now(self, st: LoaderState | None, reason: str, force: bool = False) -> bool:
+        self._due = False
+        self._last_time = time.monotonic()
+        if not force and self.step == self.last_checkpoint_step:
+            return False
+        if not self._open_backend():
+            self.checkpoint_error = self.backend_error
+            return False
+        try:
+            self.ensure_restored()
+            if not self._prepared_writes:
+                self.backend.prepare_writes(self.resumed_from)
+                self._prepared_writes = True
+            tree = _state.collect(self.registry, self.step, st)
+            metadata = {"reason": reason, "time": time.time(), "pid": self.pid,
+                        "ravex": _version()}
+            self.last_stall = self.backend.save(self.step, tree, metadata)
+        except _state.RestoreError:
+            raise
+        except Exception as exc:
+            self.checkpoint_error = f"step {self.step}: {type(exc).__name__}: {exc}"
+            logger.error("ravex: checkpoint of step %d failed before writing, training "
+                         "continues: %s", self.step, self.checkpoint_error)
+            return False
+        self.checkpoint_error = None
+        self.last_checkpoint_step = self.step
+        return True
+
+    def flush(self) -> None:
+        if self.backend is not None:
+            self.backend.flush()
+
+    # ── signals and exit ────────────────────────────────────────────────
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.config.checkpoint_on_signal:
+            signum = getattr(signal, name)
+            try:
+                self._signals[signum] = signal.signal(signum, self._on_signal)
+            except (ValueError, OSError) as exc:  # pragma: no cover
+                logger.warning("ravex: cannot handle %s: %s", name, exc)
+
+    def _restore_signals(self) -> None:
+        for signum, previous in self._signals.items():
+            try:
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+        self._signals.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """Checkpoint at the next step boundary, then exit with 128+signum.
+
+        The handler runs between two bytecodes, possibly halfway through
+        ``optimizer.step()``, so it only sets a flag. Outside a training loop, or on a
+        second signal, the signal gets its previous behaviour at once.
+        """
+        training = self._steps_here > 0
+        if os.getpid() != self.pid or self._exit_signal is not None or not training:
+            previous = self._signals.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                os.kill(os.getpid(), signum)
+            return
+        self._exit_signal = signum
+        logger.warning("ravex: %s received at step %d; checkpointing at the next step "
+                       "boundary, then exiting", signal.Signals(signum).name, self.step)
+
+    def _wrap_excepthook(self) -> None:
+        previous = sys.excepthook
+
+        def hook(*args: Any) -> None:
+            self._crashed = True  # no "final" checkpoint of a state that just raised
+            previous(*args)
+
+        sys.excepthook = hook
+
+    # ── reporting ───────────────────────────────────────────────────────
+
+    def status(self) -> dict[str, Any]:
+        backend = self.backend
+        counts = self.registry.counts()
+        return {
+            "active": self.enabled,
+            "step": self.step,
+            "models": counts["models"],
+            "optimizers": counts["optimizers"],
+            "schedulers": counts["schedulers"],
+            "scalers": counts["scalers"],
+            "dataloaders": counts["loaders"],
+            "resumed": self.resumed_from is not None,
+            "resumed_from": self.resumed_from,
+            "backend": backend.name if backend is not None else None,
+            "storage": backend.url if backend is not None else self.config.storage.url,
+            "last_checkpoint_step": self.last_checkpoint_step,
+            "last_written_step": backend.last_written_step if backend is not None else None,
+            "checkpoints_written": backend.written if backend is not None else 0,
+            "write_in_flight": bool(backend is not None and backend.busy),
+            "last_stall_seconds": self.last_stall,
+            "last_log_line": backend.last_line if backend is not None else None,
+            "last_error": (self.checkpoint_error or self.backend_error
+                           or (backend.last_error if backend is not None else None)),
+            "failures": backend.failures if backend is not None else 0,
+            "config": self.config.describe(),
+        }
+
+
+def _version() -> str:
+    from ravex import __version__
+
+    return __version__
+
+
+def _setup_logging(level: str) -> None:
+    log = logging.getLogger("ravex")
+    log.setLevel(level)
+    if not any(getattr(h, "_ravex", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._ravex = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        log.propagate = False

@@ -1,0 +1,170 @@
+"""The ``ravex`` command.
+
+One argparse subcommand per verb. A verb is a function ``cmd_<verb>(args) -> int`` plus
+a ``_add_<verb>(subparsers)`` that declares its arguments; :data:`VERBS` lists them, so a
+new verb (``ls``, ``show``, ``diff``, ``validate``, ``gc``, ``export``, ``inspect``) is
+two functions and one line, without touching the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import site
+import sys
+import sysconfig
+from collections.abc import Callable
+from typing import Any
+
+from ravex import __version__
+from ravex._autoload import PTH_NAME, pth_line
+
+AUTOLOAD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_autoload.py")
+
+
+# ── enable / disable ────────────────────────────────────────────────────
+
+
+def _site_dir(args: argparse.Namespace) -> str:
+    if getattr(args, "site_dir", None):
+        return os.path.abspath(args.site_dir)
+    if getattr(args, "user", False):
+        return site.getusersitepackages()
+    return sysconfig.get_paths()["purelib"]
+
+
+def _add_site_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="the user site-packages")
+    where.add_argument("--site-dir", metavar="DIR",
+                       help="a site directory of your choice (default: this interpreter's)")
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    """Install the .pth autoloader; it activates Ravex where a ravex.yaml is found."""
+    directory = _site_dir(args)
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, PTH_NAME)
+    tmp = target + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("# Installed by `ravex enable`; remove with `ravex disable`.\n")
+        fh.write(pth_line(AUTOLOAD_FILE))
+    os.replace(tmp, target)
+    print(f"ravex {__version__}: autoloader installed in {target}")
+    print("Scripts run from a directory with a ravex.yaml (or with RAVEX_CONFIG set) are now "
+          "checkpointed and resumed.")
+    return 0
+
+
+def cmd_disable(args: argparse.Namespace) -> int:
+    """Remove the .pth autoloader."""
+    target = os.path.join(_site_dir(args), PTH_NAME)
+    if not os.path.exists(target):
+        print(f"ravex: not enabled in {os.path.dirname(target)} (nothing to remove)")
+        return 0
+    os.remove(target)
+    print(f"ravex: autoloader removed from {target}")
+    return 0
+
+
+def enabled_in() -> list[str]:
+    """Every ``.pth`` autoloader this interpreter would run."""
+    dirs = list(dict.fromkeys([*site.getsitepackages(), site.getusersitepackages(),
+                               sysconfig.get_paths()["purelib"], *sys.path]))
+    return [os.path.join(d, PTH_NAME) for d in dirs if d and os.path.isfile(os.path.join(d, PTH_NAME))]
+
+
+# ── status ──────────────────────────────────────────────────────────────
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Version, enabled or not, the config that would apply (and why), the latest step."""
+    from ravex._config import RavexConfig, find_config_file
+
+    print(f"ravex {__version__}")
+    found = enabled_in()
+    print(f"autoloader: {'enabled (' + ', '.join(found) + ')' if found else 'not enabled'}")
+    path = args.config or os.environ.get("RAVEX_CONFIG") or find_config_file()
+    config = RavexConfig.load(path=path)
+    print(f"config file: {config.config_file or 'none (defaults and RAVEX_* only)'}")
+    if found and not config.config_file:
+        print("  (the autoloader does nothing here: no ravex.yaml in this directory)")
+    for key, value in config.describe().items():
+        print(f"  {key:<26} {value!r:<32} [{config.source_of(key)}]")
+    print(f"latest step: {_latest_step(config)}")
+    return 0
+
+
+def _latest_step(config: Any) -> str:
+    try:
+        if config.backend == "torch_save":
+
+            path = config.storage.local_path
+            if path is None or not os.path.isdir(path):
+                return "none (no store yet)"
+            import glob
+
+            files = sorted(glob.glob(os.path.join(path, "step_*.pt")))
+            return files[-1].rsplit("_", 1)[1][:-3].lstrip("0") or "0" if files else "none"
+        from ravex.format import StoreNotFoundError, open_store
+
+        try:
+            store = open_store(config.storage.url, create=False,
+                               storage_options=config.storage.storage_options())
+        except StoreNotFoundError:
+            return f"none (no store at {config.storage.url})"
+        latest = store.latest_step()
+        return "none" if latest is None else f"{latest} ({store.url})"
+    except Exception as exc:
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
+# ── wiring ──────────────────────────────────────────────────────────────
+
+
+def _add_enable(sub: Any) -> None:
+    _add_site_options(sub.add_parser("enable", help=cmd_enable.__doc__))
+
+
+def _add_disable(sub: Any) -> None:
+    _add_site_options(sub.add_parser("disable", help=cmd_disable.__doc__))
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser("status", help=cmd_status.__doc__)
+    p.add_argument("--config", metavar="FILE", help="a ravex.yaml other than ./ravex.yaml")
+
+
+#: verb -> (declare arguments, run)
+VERBS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
+    "enable": (_add_enable, cmd_enable),
+    "disable": (_add_disable, cmd_disable),
+    "status": (_add_status, cmd_status),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ravex", description="Crash-proof PyTorch training with zero code changes."
+    )
+    parser.add_argument("--version", action="version", version=f"ravex {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for add, _ in VERBS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ravex`` console script and ``python -m ravex``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    from ravex.errors import RavexError
+
+    try:
+        return VERBS[args.verb][1](args)
+    except RavexError as exc:
+        print(f"ravex: {exc}", file=sys.stderr)
+        return 2

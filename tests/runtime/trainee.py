@@ -1,0 +1,138 @@
+"""A real training loop, run as a subprocess by the resume tests.
+
+Dropout, AdamW, a per-step LR scheduler and a per-epoch one, a shuffled DataLoader.
+Environment:
+
+``T_ENTRY``     ``activate`` (calls ``ravex.activate()``), ``enable`` (relies on the .pth
+                autoloader) or ``none`` (plain torch, the reference)
+``T_WORKERS``   DataLoader workers (0 or 2)
+``T_EPOCHS``    epochs (default 3)
+``T_OUT``       where to write the final state (torch.save of plain dicts)
+``T_BLOCK_AT``  ``step:<n>`` or ``epoch:<e>``: after that point, flush ravex, print
+                ``BLOCKED`` and block reading stdin, so the test can SIGKILL a process that
+                is known to be exactly there (no sleeps)
+``T_BLOCK_IN_WRITE``  ``<n>``: block the background writer halfway through the n-th
+                checkpoint's objects, print ``IN-WRITE``; the test kills it there
+
+Prints ``LOSS <float.hex>`` per step and ``EPOCH <e> DONE`` per epoch.
+"""
+
+import os
+import sys
+
+ENTRY = os.environ.get("T_ENTRY", "none")
+if ENTRY == "activate":
+    import ravex
+
+    ravex.activate()
+
+import random  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+WORKERS = int(os.environ.get("T_WORKERS", "0"))
+EPOCHS = int(os.environ.get("T_EPOCHS", "3"))
+BLOCK_AT = os.environ.get("T_BLOCK_AT", "")
+
+
+def block(reason: str) -> None:
+    rv = sys.modules.get("ravex")
+    if rv is not None:
+        rv.flush()
+    print(f"BLOCKED {reason}", flush=True)
+    sys.stdin.read()  # the test SIGKILLs us here
+
+
+def install_write_block(n: int) -> None:
+    """Stop the writer thread inside the n-th commit, after its first chunk object."""
+    import threading
+
+    from ravex.format import storage
+
+    calls = {"commits": 0}
+    never = threading.Event()
+    import ravex.backends as backends
+
+    original_write = backends.ZarrBackend._write
+
+    def _write(self, job):
+        calls["commits"] += 1
+        calls["armed"] = calls["commits"] == n
+        return original_write(self, job)
+
+    backends.ZarrBackend._write = _write
+    cls = storage.LocalStorage if hasattr(storage, "LocalStorage") else None
+    target = cls or storage.Storage
+    original_put = target.put_object if hasattr(target, "put_object") else None
+    name = "put_object" if original_put else "put"
+    original = getattr(target, name)
+
+    def put(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if calls.get("armed"):
+            print("IN-WRITE", flush=True)
+            never.wait()
+        return result
+
+    setattr(target, name, put)
+
+
+class Noisy(Dataset):
+    """Synthetic regression data with a random augmentation per sample."""
+
+    def __init__(self, n: int = 96) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = torch.randn(n, 4, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if WORKERS:  # workers: index-seeded noise (worker RNG streams cannot be replayed)
+            noise = torch.randn(16, generator=torch.Generator().manual_seed(i)) * 0.01
+        else:  # main process: the global RNG, which Ravex restores
+            noise = torch.randn(16) * 0.01
+        return self.x[i] + noise, self.y[i]
+
+
+def main() -> None:
+    if os.environ.get("T_BLOCK_IN_WRITE"):
+        install_write_block(int(os.environ["T_BLOCK_IN_WRITE"]))
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=12 * EPOCHS)
+    loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=WORKERS)
+    loss_fn = nn.MSELoss()
+    step = 0
+    for epoch in range(EPOCHS):
+        for x, y in loader:
+            opt.zero_grad()
+            # python and numpy RNG in the step too: they must be restored as well
+            scale = 1.0 + 0.001 * random.random() + 0.001 * float(np.random.rand())
+            loss = loss_fn(model(x) * scale, y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            print(f"LOSS {loss.item().hex()}", flush=True)
+            if BLOCK_AT == f"step:{step}":
+                block(BLOCK_AT)
+        print(f"EPOCH {epoch} DONE", flush=True)
+        if BLOCK_AT == f"epoch:{epoch}":
+            block(BLOCK_AT)
+    out = os.environ.get("T_OUT")
+    if out:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict()}, out)
+    print("FINISHED", flush=True)
+
+
+if __name__ == "__main__":
+    main()
