@@ -1,0 +1,134 @@
+"""Child processes of the format tests (real processes, one store). Not a test module.
+
+    _child.py writer STORE [--max-steps N] [--trace] [--size S]
+        commits writer_state(step) for step = latest + 1, latest + 2, ... printing
+        "committing N" / "committed N"; with --trace also "write KEY" / "wrote KEY"
+        around every storage write. Stops after N steps, or when its stdin closes
+        (checked between commits) if it was given a pipe.
+    _child.py rank STORE RANK WORLD RUN
+        prints "ready", waits for "go" on stdin, commits rank_state(RANK) as its rank of
+        step 1, prints "done".
+    _child.py shard STORE RANK WORLD RUN
+        like rank, with an ArrayShard of shard_global() as tensor "w".
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+from fmt_helpers import writer_state
+
+from ravex.format import ArrayShard, open_store
+
+_out = threading.Lock()
+
+
+def emit(line: str) -> None:
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+# ---- states of the lock-free multi-rank tests (the parent imports these to check) ---------
+
+SHARD_ROWS = (0, 10, 20, 30, 37)  # rank r holds rows [SHARD_ROWS[r], SHARD_ROWS[r + 1])
+SHARD_CHUNK_ROWS = 5
+
+
+def rank_state(rank: int) -> dict:
+    """Replicated tensors (same bytes on every rank) and rank-specific ones (own names)."""
+    rep = np.random.default_rng(0)
+    own = np.random.default_rng(100 + rank)
+    return {
+        "model": {
+            "embed.weight": rep.standard_normal((128, 1024)).astype(np.float32),  # 2 chunks of 256 KiB
+            "head.weight": rep.standard_normal((64, 1024)).astype(np.float32),
+        },
+        "local": {f"rank{rank}": {"buffer": own.standard_normal((96, 1024)).astype(np.float32)}},
+        "rank": rank,
+        "lr": 0.01,
+    }
+
+
+def shard_global() -> np.ndarray:
+    return np.random.default_rng(7).standard_normal((SHARD_ROWS[-1], 512)).astype(np.float32)
+
+
+def shard_state(rank: int) -> dict:
+    g = shard_global()
+    lo, hi = SHARD_ROWS[rank], SHARD_ROWS[rank + 1]
+    return {"w": ArrayShard(g[lo:hi], g.shape, lo, SHARD_CHUNK_ROWS), "rank": rank}
+
+
+# ---- modes ---------------------------------------------------------------------------------
+
+
+def run_writer(argv: list[str]) -> None:
+    url = argv[0]
+    max_steps = int(argv[argv.index("--max-steps") + 1]) if "--max-steps" in argv else None
+    size = int(argv[argv.index("--size") + 1]) if "--size" in argv else 1
+    store = open_store(url)
+    if "--trace" in argv:
+        storage = store.storage
+        orig = storage.write
+
+        def write(key: str, data: object) -> None:
+            emit(f"write {key}")
+            orig(key, data)
+            emit(f"wrote {key}")
+
+        storage.write = write  # the child's own progress report, through the storage seam
+
+    stop = threading.Event()
+    if not sys.stdin.isatty() and sys.stdin is not None and "--stop-on-eof" in argv:
+
+        def watch() -> None:
+            sys.stdin.read()
+            stop.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+    step = (store.latest_step() or 0) + 1
+    done = 0
+    with store.writer(chunk_bytes=256 << 10, threads=2) as w:
+        emit(f"start {step}")
+        while not stop.is_set() and (max_steps is None or done < max_steps):
+            state = writer_state(step, size)
+            emit(f"committing {step}")
+            w.commit(step, state)
+            emit(f"committed {step}")
+            step += 1
+            done += 1
+    emit("exit")
+
+
+def run_rank(argv: list[str], make: object) -> None:
+    url, rank, world, run = argv[0], int(argv[1]), int(argv[2]), argv[3]
+    store = open_store(url)
+    state = make(rank)  # type: ignore[operator]
+    with store.writer(rank=rank, world_size=world, run=run, chunk_bytes=256 << 10, threads=2) as w:
+        emit("ready")
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("expected 'go'")
+        stats = w.commit(1, state)
+    emit(f"done {stats.new_bytes}")
+
+
+def main() -> None:
+    mode, argv = sys.argv[1], sys.argv[2:]
+    if mode == "writer":
+        run_writer(argv)
+    elif mode == "rank":
+        run_rank(argv, rank_state)
+    elif mode == "shard":
+        run_rank(argv, shard_state)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()

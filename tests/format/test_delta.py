@@ -1,0 +1,146 @@
+"""Delta reuse, counted on disk: unchanged chunks cost no write, no encoding, no storage read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fmt_helpers import counting, object_calls, object_files, snapshot, tree_bytes
+
+from ravex.format import open_store
+
+CHUNK = 256 << 10  # chunks of 256 KiB get objects of their own; smaller ones are packed
+
+
+def model_state(seed: int = 0) -> dict:
+    """20 tensors of 512 KiB (2 chunks each), 20 of 8 KiB (packed), and plain values."""
+    rng = np.random.default_rng(seed)
+    return {
+        "big": {f"layer.{i}.weight": rng.standard_normal((128, 1024)).astype(np.float32) for i in range(20)},
+        "small": {f"layer.{i}.bias": rng.standard_normal(2048).astype(np.float32) for i in range(20)},
+        "lr": 0.1,
+        "step": 1,
+    }
+
+
+def copy_tree(tree: dict) -> dict:
+    """Same content, fresh buffers (the writer must not rely on object identity)."""
+    return {k: copy_tree(v) if isinstance(v, dict) else (v.copy() if isinstance(v, np.ndarray) else v)
+            for k, v in tree.items()}
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "blosc"])
+def test_unchanged_state_writes_zero_object_bytes(tmp_path, compression):
+    store = open_store(tmp_path / "s", create=True)
+    state = model_state()
+    with store.writer(compression=compression, chunk_bytes=CHUNK) as w:
+        w.commit(1, state)
+        before = snapshot(store.url)
+        with counting(store.storage, ("write",)) as writes:
+            stats = w.commit(2, copy_tree(state))
+    after = snapshot(store.url)
+    assert after == before  # no object file added, removed or rewritten (inode and mtime unchanged)
+    assert [c for c in writes if c[1].startswith("objects")] == []
+    assert [c[1] for c in writes] == ["steps/2/rank-0.json"]
+    assert stats.new_bytes == 0 and stats.new_chunks == 0
+    assert store.read(2)["big"]["layer.3.weight"].tobytes() == state["big"]["layer.3.weight"].tobytes()
+
+
+def _changed_chunk_bytes(reader, old: dict, new: dict) -> int:
+    """Bytes of the (padded) chunks whose content differs, from the chunk grid in the manifest."""
+    total = 0
+    for group in ("big", "small"):
+        for name, a in old[group].items():
+            b = new[group][name]
+            crow = reader.arrays[f"{group}/{name}"].chunk_shape[0]
+            row_bytes = a[0].nbytes if a.ndim > 1 else a.itemsize
+            for start in range(0, len(a), crow):
+                if a[start : start + crow].tobytes() != b[start : start + crow].tobytes():
+                    total += crow * row_bytes
+    return total
+
+
+def test_ten_percent_changed_writes_at_most_105_percent(tmp_path):
+    store = open_store(tmp_path / "s", create=True)
+    old = model_state()
+    new = copy_tree(old)
+    rng = np.random.default_rng(1)
+    new["big"]["layer.0.weight"] += 1  # both chunks change
+    new["big"]["layer.7.weight"][:10] *= 2  # only the first of its two chunks
+    new["small"]["layer.3.bias"] += rng.standard_normal(2048).astype(np.float32)
+    new["small"]["layer.19.bias"][-1] = 7.0  # 4 of 40 tensors changed
+    new["lr"] = 0.05
+    with store.writer(chunk_bytes=CHUNK) as w:
+        w.commit(1, old)
+        objects_before = sum(s.st_size for s in object_files(store.url).values())
+        all_before = tree_bytes(store.url)
+        w.commit(2, new)
+    objects_after = sum(s.st_size for s in object_files(store.url).values())
+    reader = store.open_step(2)
+    changed = _changed_chunk_bytes(reader, old, new)
+    assert changed == 3 * CHUNK + 2 * 8192
+    written = objects_after - objects_before
+    assert changed <= written <= 1.05 * changed, (written, changed)
+    # the manifest included: still within 1.05x of what changed
+    assert tree_bytes(store.url) - all_before <= 1.05 * changed
+    got = store.read(2)
+    for name in ("layer.0.weight", "layer.7.weight", "layer.8.weight"):
+        assert got["big"][name].tobytes() == new["big"][name].tobytes()
+    assert got["small"]["layer.19.bias"].tobytes() == new["small"]["layer.19.bias"].tobytes()
+
+
+def test_detecting_unchanged_chunks_reads_no_object(tmp_path):
+    store = open_store(tmp_path / "s", create=True)
+    state = model_state()
+    with store.writer(chunk_bytes=CHUNK) as w:
+        w.commit(1, state)
+        with counting(store.storage) as log:
+            w.commit(2, copy_tree(state))
+    assert object_calls(log) == []  # no read, exists, size or listing of any object
+    # a new writer (as after a restart) loads its base from a manifest, never from objects
+    fresh = open_store(tmp_path / "s")
+    with fresh.writer(chunk_bytes=CHUNK) as w:
+        with counting(fresh.storage) as log:
+            stats = w.commit(3, copy_tree(state))
+    assert object_calls(log) == []
+    assert stats.new_bytes == 0
+    assert any(c[1] == "steps/2/rank-0.json" for c in log)  # its base: the newest complete step
+
+
+def test_new_writer_reuses_from_newest_complete_step(tmp_path):
+    url = tmp_path / "s"
+    a, b = model_state(0), model_state(1)
+    store = open_store(url, create=True)
+    with store.writer(chunk_bytes=CHUNK) as w:
+        w.commit(1, a)
+        w.commit(2, b)
+    complete_only = snapshot(url)
+    # an incomplete newer step (world size 2, only rank 0 written) must not be the base
+    with store.writer(rank=0, world_size=2, chunk_bytes=CHUNK) as w:
+        w.commit(3, model_state(2))
+    assert store.latest_step() == 2
+    before = snapshot(url)
+    assert len(before) > len(complete_only)  # step 3 did store objects of its own
+    fresh = open_store(url)  # a new process would do exactly this
+    with fresh.writer(chunk_bytes=CHUNK) as w:
+        with counting(fresh.storage, ("write",)) as writes:
+            stats = w.commit(4, copy_tree(b))
+    assert snapshot(url) == before
+    assert [c[1] for c in writes] == ["steps/4/rank-0.json"]
+    assert stats.reused_chunks == stats.chunks > 0
+    assert open_store(url).read(4)["big"]["layer.5.weight"].tobytes() == b["big"]["layer.5.weight"].tobytes()
+
+
+def test_frozen_layer_written_once(tmp_path):
+    """90% frozen: each commit writes the trainable tenth only, for the life of the store."""
+    store = open_store(tmp_path / "s", create=True)
+    state = model_state()
+    with store.writer(chunk_bytes=CHUNK) as w:
+        w.commit(1, state)
+        for step in range(2, 5):
+            before = sum(s.st_size for s in object_files(store.url).values())
+            state = copy_tree(state)
+            state["big"]["layer.0.weight"] += 1
+            state["big"]["layer.1.weight"] += 1
+            w.commit(step, state)
+            written = sum(s.st_size for s in object_files(store.url).values()) - before
+            assert 4 * CHUNK <= written <= 1.05 * 4 * CHUNK
