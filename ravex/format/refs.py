@@ -1,0 +1,81 @@
+"""``steps/<step>/refs.json``: a step in fsspec's reference format (version 1).
+
+With it, ``fsspec`` and ``zarr`` alone open a step as a Zarr v3 hierarchy: no Ravex,
+no torch. Every key of the step's Zarr view (``zarr_store.step_keys``) becomes a
+reference: metadata documents as JSON text, inline chunks as ``"base64:..."``, and
+chunks in objects as ``["{{u}}/objects/ab/abcd...", offset, size]``. The template
+``u`` is the store root; the file records ``"."`` (the working directory), and a
+reader anywhere else passes the store's location::
+
+    import fsspec, zarr
+    root = "/data/ckpt"          # or "s3://bucket/ckpt"
+    fs = fsspec.filesystem("reference", fo=f"{root}/steps/100/refs.json",
+                           template_overrides={"u": root}, asynchronous=True)
+    group = zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True), mode="r")
+
+The file is derived from the manifests; it adds nothing they do not say, so a
+missing or stale ``refs.json`` never makes a step unreadable by Ravex.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import TYPE_CHECKING, Any
+
+from .names import object_key, step_dir
+from .zarr_store import step_keys
+
+if TYPE_CHECKING:
+    from .store import CheckpointStore
+
+REFS_NAME = "refs.json"
+#: The template naming the store root inside ``refs.json``.
+ROOT_TEMPLATE = "u"
+_OBJECT_URL = "{{u}}/"
+
+
+def refs_key(step: int) -> str:
+    """Storage key of a step's reference file."""
+    return f"{step_dir(step)}/{REFS_NAME}"
+
+
+def step_refs(store: CheckpointStore, step: int | str, root: str = ".") -> dict[str, Any]:
+    """The fsspec reference document (version 1) of a complete step.
+
+    ``root`` is what the ``{{u}}`` template stands for: ``"."`` (the default) keeps the
+    file valid wherever the store is copied; a reader elsewhere overrides it.
+    """
+    reader = store.open_step(step)
+    refs: dict[str, Any] = {}
+    for key, entry in step_keys(reader).items():
+        if entry.doc is not None:
+            refs[key] = entry.doc.decode()
+            continue
+        ref = entry.ref
+        assert ref is not None
+        if ref.inline is not None:
+            refs[key] = "base64:" + base64.b64encode(ref.inline).decode("ascii")
+        else:
+            assert ref.object is not None
+            refs[key] = [_OBJECT_URL + object_key(ref.object), ref.offset or 0, ref.size]
+    return {"version": 1, "templates": {ROOT_TEMPLATE: root}, "refs": refs}
+
+
+def write_refs(store: CheckpointStore, step: int) -> str:
+    """Write ``steps/<step>/refs.json`` for a complete step; returns its key.
+
+    Deterministic and idempotent: calling it again (from another rank, after a retry)
+    writes the same bytes, and skips the write when the file already holds them.
+    The write is atomic (``Storage.write``), so a reader never sees half a file.
+    """
+    key = refs_key(int(step))
+    data = json.dumps(step_refs(store, int(step)), separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    try:
+        if store.storage.read(key) == data:
+            return key
+    except FileNotFoundError:
+        pass
+    store.storage.write(key, data)
+    store.storage.sync()
+    return key
