@@ -1,0 +1,96 @@
+"""Reading a step with tensorstore, in place: a ``zarr3`` spec over a ``kvstack`` kvstore.
+
+Each chunk key of the array (``c/0/0``) is an ``exact`` layer of a ``kvstack`` kvstore
+whose base is the object file holding it, and the array's ``zarr.json`` is given in
+the spec with ``assume_metadata`` (nothing is written, nothing copied)::
+
+    {"driver": "zarr3", "assume_metadata": true, "metadata": {...zarr.json...},
+     "kvstore": {"driver": "kvstack", "layers": [
+         {"exact": "c/0/0", "base": {"driver": "file", "path": "<store>/objects/ab/ab..."}}, ...]}}
+
+A ``file`` (or ``gs://``/``s3://`` URL) kvstore can only name a whole object. Small
+chunks are inline in the manifest or packed with others into one object; their bytes
+are put into an in-memory kvstore of the spec's context by :func:`open_tensorstore`.
+For a directory every tool can read with no help, export the step with
+``export.export_zarr`` instead.
+
+tensorstore does not check the chunks against the manifest; Ravex's own readers do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .names import object_key
+from .storage import LocalStorage
+
+if TYPE_CHECKING:
+    from .manifest import ChunkRef
+    from .store import CheckpointStore
+
+#: Key prefix, in the context's memory kvstore, of chunks that have no object of their own.
+MEMORY_PREFIX = "ravex-chunks/"
+
+_METADATA_FIELDS = ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "fill_value", "codecs")
+
+
+def _object_kvstore(store: CheckpointStore, name: str) -> dict[str, Any] | str:
+    key = object_key(name)
+    if isinstance(store.storage, LocalStorage):
+        return {"driver": "file", "path": os.path.join(store.storage.root, *key.split("/"))}
+    url = store.url
+    if url.startswith(("gs://", "s3://", "http://", "https://")):
+        return f"{url}/{key}"
+    raise ValueError(f"tensorstore cannot reach {url!r}; export the step with export_zarr() to a path it can")
+
+
+def _whole(ref: ChunkRef) -> bool:
+    return ref.inline is None and ref.offset is None
+
+
+def tensorstore_spec(store: CheckpointStore, step: int | str, path: str) -> dict[str, Any]:
+    """A tensorstore JSON spec (driver ``zarr3``) reading tensor ``path`` of ``step`` in place.
+
+    Chunks with an object of their own are file layers; the others are memory layers
+    (``MEMORY_PREFIX + <path>/<chunk key>``) that :func:`open_tensorstore` fills.
+    """
+    reader = store.open_step(step)
+    entry = reader.arrays[path] if path in reader.arrays else None
+    if entry is None:
+        from .errors import ArrayNotFoundError
+
+        raise ArrayNotFoundError(f"step {reader.step} has no tensor {path!r}; tensors: {sorted(reader.arrays)[:10]}")
+    layers = []
+    for key, ref in sorted(entry.chunks.items()):
+        if _whole(ref):
+            assert ref.object is not None
+            base: dict[str, Any] | str = _object_kvstore(store, ref.object)
+        else:
+            base = {"driver": "memory", "path": f"{MEMORY_PREFIX}{path}/{key}"}
+        layers.append({"exact": key, "base": base})
+    return {
+        "driver": "zarr3",
+        "kvstore": {"driver": "kvstack", "layers": layers},
+        "metadata": {k: entry.zarr[k] for k in _METADATA_FIELDS if k in entry.zarr},
+        "assume_metadata": True,
+    }
+
+
+def open_tensorstore(store: CheckpointStore, step: int | str, path: str, context: Any = None) -> Any:
+    """Open tensor ``path`` of ``step`` read-only with tensorstore (``ts.open(...).result()``)."""
+    import tensorstore as ts
+
+    from .zarr_store import fetch_chunk
+
+    reader = store.open_step(step)
+    spec = tensorstore_spec(store, reader.step, path)
+    context = context if context is not None else ts.Context()
+    entry = reader.arrays[path]
+    small = {key: ref for key, ref in entry.chunks.items() if not _whole(ref)}
+    if small:
+        memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
+        for key, ref in small.items():
+            where = f"step {reader.step} tensor {path!r} chunk {key}"
+            memory.write(f"{MEMORY_PREFIX}{path}/{key}", fetch_chunk(store, entry, ref, where)).result()
+    return ts.open(spec, context=context, read=True).result()
