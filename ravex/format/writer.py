@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -224,8 +224,17 @@ class StepWriter:
         ]
         chunk_maps: dict[str, dict[str, ChunkRef]] = {path: {} for path in planned}
         small: list[tuple[str, str, _Small]] = []
-        for arr, key, fut in jobs:
-            ref, fresh = fut.result()
+        try:
+            results = [(arr, key, fut.result()) for arr, key, fut in jobs]
+        except BaseException:
+            # A failed write (storage down, disk full) fails the commit now: chunks not yet
+            # started are dropped, not each retried in turn; running ones are waited for so
+            # that the writer is idle when the error reaches the caller.
+            for _, _, fut in jobs:
+                fut.cancel()
+            wait([fut for _, _, fut in jobs])
+            raise
+        for arr, key, (ref, fresh) in results:
             stats.chunks += 1
             if isinstance(ref, _Small):
                 small.append((arr.path, key, ref))
