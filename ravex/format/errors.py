@@ -49,3 +49,16 @@ class CorruptObjectError(RavexError, OSError):
 
 class UnsupportedValueError(RavexError, TypeError):
     """A value in a state tree has a type the format cannot store without pickle."""
+
+
+class StorageError(RavexError, OSError):
+    """Storage failed: a write, read, listing or delete gave an error, after any retries.
+
+    The message names the store, the operation, the key and the cause (and how many
+    tries it took); ``errno`` is the cause's where it had one (``ENOSPC``, ``EROFS``,
+    ``EACCES``). The cause is ``__cause__``.
+    """
+
+
+class RemoteConfigError(RavexError, ValueError):
+    """Options of a remote store are missing or invalid: no credentials, a bad endpoint."""

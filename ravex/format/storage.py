@@ -6,21 +6,39 @@ implementations: :class:`LocalStorage` uses ``os`` directly so that writes are
 durable (fsync of file and directory) and atomic (temp file + rename);
 :class:`FsspecStorage` serves every other fsspec URL (``s3://``, ``gs://``,
 ``memory://``), where a single PUT is already atomic.
+
+Remote calls fail transiently (connection resets, timeouts, 500/502/503, SlowDown).
+:class:`FsspecStorage` retries those with exponential backoff and jitter under one
+:class:`RetryPolicy` (bounded in tries and in seconds), and nothing else does: for
+``s3://`` it turns off botocore's and s3fs's own retry loops, which would otherwise
+multiply (botocore's 5 attempts inside each of s3fs's 5). Permanent errors (403,
+404, NoSuchBucket, a full or read-only disk) are not retried. Every error that is
+not "absent" reaches the caller as :class:`~ravex.format.errors.StorageError`
+(a ``RavexError`` and an ``OSError``) naming the store, the operation, the key and
+the cause; ``FileNotFoundError`` from a read stays what it is.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import random
 import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
+
+from .errors import StorageError
+
+log = logging.getLogger("ravex.format.storage")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,12 @@ class LocalStorage(Storage):
             return total
 
     def write(self, key: str, data: bytes | memoryview) -> None:
+        try:
+            self._write(key, data)
+        except OSError as exc:
+            raise _storage_error(self.url, "write", key, exc) from exc
+
+    def _write(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         folder = os.path.dirname(path)
         if folder not in self._made:
@@ -134,16 +158,13 @@ class LocalStorage(Storage):
         tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            _unlink_quietly(tmp)
-            raise
-        os.close(fd)
-        try:
+            try:
+                view = memoryview(data).cast("B")
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)  # close errors (NFS reports late write errors here) count too
             os.replace(tmp, path)
         except BaseException:
             _unlink_quietly(tmp)
@@ -155,11 +176,14 @@ class LocalStorage(Storage):
         with self._lock:
             folders, self._dirty = self._dirty, set()
         for folder in folders:
-            fd = os.open(folder, os.O_RDONLY)
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(folder, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _storage_error(self.url, "sync", os.path.relpath(folder, self.root), exc) from exc
 
     def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))
@@ -188,7 +212,10 @@ class LocalStorage(Storage):
         folders = set()
         for key in keys:
             path = self._path(key)
-            _unlink_quietly(path)
+            try:
+                _unlink_quietly(path)
+            except OSError as exc:
+                raise _storage_error(self.url, "delete", key, exc) from exc
             folders.add(os.path.dirname(path))
         for folder in folders:
             try:
@@ -208,13 +235,155 @@ class LocalStorage(Storage):
             pass
 
 
-class FsspecStorage(Storage):
-    """Any fsspec filesystem: ``s3://``, ``gs://``, ``memory://`` and the rest."""
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How :class:`FsspecStorage` retries transient faults.
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    At most ``tries`` attempts per operation; before attempt ``n + 1`` it sleeps a
+    random time in ``[d/2, d]`` with ``d = min(max_delay, base_delay * 2**(n-1))``
+    ("equal jitter": backoff grows, concurrent writers spread out). It gives up early
+    rather than start a sleep that would end past ``budget_seconds`` after the first
+    attempt began, so a persistent outage costs one operation at most about that long.
+    ``RetryPolicy(tries=1)`` disables retries.
+    """
+
+    tries: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 3.0
+    budget_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.tries < 1:
+            raise ValueError(f"RetryPolicy.tries={self.tries}: at least one attempt")
+        if self.base_delay < 0 or self.max_delay < 0 or self.budget_seconds < 0:
+            raise ValueError("RetryPolicy delays and budget must be >= 0")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to sleep after failed attempt number ``attempt`` (1-based)."""
+        d = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+        return d / 2 + (rng or random).uniform(0, d / 2)
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+#: Exception classes (matched by name anywhere in the MRO, so that botocore, aiohttp and
+#: fsspec need not be imported) that mean "the request may not have reached the server,
+#: or its answer was lost": retried.
+_TRANSIENT_CLASSES = frozenset(
+    {
+        "ConnectionError",  # builtin (reset, refused, aborted, broken pipe) and botocore's
+        "TimeoutError",  # builtin, socket.timeout, fsspec FSTimeoutError, aiohttp timeouts
+        "HTTPClientError",  # botocore: ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+        "IncompleteReadError",
+        "ResponseParserError",  # throttling answers with broken XML (s3fs issue 484)
+        "ClientConnectionError",  # aiohttp: ServerDisconnectedError, ClientOSError
+        "ClientPayloadError",
+    }
+)
+#: Error codes of S3-style services that are worth retrying.
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "OperationAborted",
+        "BadDigest",  # body damaged in transit
+        "XAmzContentSHA256Mismatch",
+    }
+)
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504, 509})
+_PERMANENT_ERRNOS = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR}
+)
+
+
+def _http_status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+    """Status and service error code of an HTTP error, looking through ``__cause__``."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore ClientError
+            meta = response.get("ResponseMetadata") or {}
+            err = response.get("Error") or {}
+            status = meta.get("HTTPStatusCode")
+            return (int(status) if status else None), err.get("Code")
+        status = getattr(e, "status", None) or getattr(e, "code", None)  # aiohttp, gcsfs
+        if isinstance(status, int) and 100 <= status < 600:
+            return status, None
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None, None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an exception from a storage call is worth retrying."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)):
+        return False
+    status, code = _http_status_and_code(exc)
+    if code is not None and code in _TRANSIENT_CODES:
+        return True
+    if status is not None:
+        return status in _TRANSIENT_STATUS
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return False
+    names = {c.__name__ for c in type(exc).__mro__}
+    if names & _TRANSIENT_CLASSES:
+        return True
+    cause = exc.__cause__
+    return cause is not None and cause is not exc and is_transient(cause)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
+
+
+def _storage_error(url: str, op: str, key: str, exc: BaseException, note: str = "") -> StorageError:
+    err = StorageError(f"store {url!r}: {op} {key!r} failed{note}: {_describe(exc)}")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        err.errno = exc.errno
+        err.strerror = exc.strerror
+    return err
+
+
+class FsspecStorage(Storage):
+    """Any fsspec filesystem: ``s3://``, ``gs://``, ``memory://`` and the rest.
+
+    Every call goes through :meth:`_retry`. For ``s3://`` the inner retry loops of
+    botocore and s3fs are switched off (unless ``storage_options`` sets botocore's
+    ``retries`` itself), so one policy decides how often and how long.
+    """
+
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
+    ) -> None:
+        options = dict(storage_options or {})
+        protocol = url.split("://", 1)[0].lower()
+        own_retries = protocol in ("s3", "s3a")
+        if own_retries:
+            config = dict(options.get("config_kwargs") or {})
+            own_retries = "retries" not in config
+            if own_retries:
+                config["retries"] = {"mode": "standard", "total_max_attempts": 1}
+                options["config_kwargs"] = config
+        self.fs, root = fsspec.core.url_to_fs(url, **options)
+        if own_retries and hasattr(self.fs, "retries"):
+            self.fs.retries = 1  # s3fs's own loop (5 tries by default) wraps botocore's
         self.root = root.rstrip("/")
         self._url = url.rstrip("/")
+        self.retry_policy = retry or DEFAULT_RETRY
+        self._rng = random.Random()
+        # s3fs HEADs an object before reading it whole, to split big reads; ours are small.
+        self._cat_kwargs: dict[str, Any] = {"max_concurrency": 1} if protocol in ("s3", "s3a") else {}
+        #: How many retries this storage made (for tests, logs and status).
+        self.retries = 0
 
     @property
     def url(self) -> str:
@@ -223,32 +392,69 @@ class FsspecStorage(Storage):
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
+    def _retry(self, op: str, key: str, fn: Callable[[], T], absent_ok: bool = False) -> T:
+        """Run ``fn`` under the retry policy. ``absent_ok``: ``FileNotFoundError`` is an
+        answer (reads), passed through; otherwise it is a failure like any other."""
+        policy = self.retry_policy
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except Exception as exc:
+                if absent_ok and isinstance(exc, FileNotFoundError):
+                    raise
+                elapsed = time.monotonic() - started
+                transient = is_transient(exc)
+                pause = policy.delay(attempt, self._rng) if transient else 0.0
+                if not transient or attempt >= policy.tries or elapsed + pause > policy.budget_seconds:
+                    note = f" after {attempt} tries in {elapsed:.1f} s" if transient and attempt > 1 else ""
+                    if not transient and attempt > 1:
+                        note = f" on try {attempt}"
+                    raise _storage_error(self.url, op, key, exc, note) from exc
+                log.debug("%s %s %r: %s; retry %d in %.2f s", self.url, op, key, _describe(exc), attempt, pause)
+                with _RETRY_LOCK:
+                    self.retries += 1
+                time.sleep(pause)
+
     def read(self, key: str) -> bytes:
-        return self.fs.cat_file(self._path(key))
+        path = self._path(key)
+        return self._retry("read", key, lambda: self.fs.cat_file(path, **self._cat_kwargs), absent_ok=True)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self._path(key), start=start, end=end)
+        path = self._path(key)
+        return self._retry("read", key, lambda: self.fs.cat_file(path, start=start, end=end), absent_ok=True)
 
     def write(self, key: str, data: bytes | memoryview) -> None:
-        self.fs.pipe_file(self._path(key), bytes(data))
+        path = self._path(key)
+        body = bytes(data)
+        self._retry("write", key, lambda: self.fs.pipe_file(path, body))
 
     def exists(self, key: str) -> bool:
-        return self.fs.exists(self._path(key))
+        path = self._path(key)
+        return self._retry("exists", key, lambda: self.fs.exists(path))
 
     def size(self, key: str) -> int:
-        return int(self.fs.size(self._path(key)))
+        path = self._path(key)
+        return int(self._retry("size", key, lambda: self.fs.size(path), absent_ok=True))
 
     def list_dir(self, prefix: str) -> list[str]:
+        path = self._path(prefix)
         try:
-            entries = self.fs.ls(self._path(prefix), detail=False, refresh=True)
-        except (FileNotFoundError, NotADirectoryError):
+            entries = self._retry("list", prefix, lambda: self.fs.ls(path, detail=False, refresh=True), absent_ok=True)
+        except FileNotFoundError:
             return []
+        except StorageError as exc:
+            if isinstance(exc.__cause__, NotADirectoryError):
+                return []
+            raise
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     def walk(self, prefix: str) -> Iterator[ObjectInfo]:
         base = self._path(prefix)
         try:
-            found = self.fs.find(base, detail=True, withdirs=False)
+            found = self._retry("walk", prefix, lambda: self.fs.find(base, detail=True, withdirs=False), absent_ok=True)
         except FileNotFoundError:
             return
         root = self.root.lstrip("/")
@@ -261,16 +467,26 @@ class FsspecStorage(Storage):
             yield ObjectInfo(key, int(info.get("size") or 0), _mtime(info))
 
     def delete(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
         paths = [self._path(k) for k in keys]
-        if paths:
+        if not paths:
+            return
+        what = keys[0] if len(keys) == 1 else f"{keys[0]} and {len(keys) - 1} more"
+
+        def remove_one(p: str) -> None:
             try:
-                self.fs.rm(paths)
+                self.fs.rm_file(p)
             except FileNotFoundError:
-                for p in paths:
-                    try:
-                        self.fs.rm_file(p)
-                    except FileNotFoundError:
-                        pass
+                pass
+
+        try:
+            self._retry("delete", what, lambda: self.fs.rm(paths), absent_ok=True)
+        except FileNotFoundError:
+            for p, k in zip(paths, keys, strict=True):
+                self._retry("delete", k, lambda p=p: remove_one(p))
+
+
+_RETRY_LOCK = threading.Lock()
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -296,11 +512,17 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def open_storage(url: str, storage_options: dict[str, Any] | None = None) -> Storage:
-    """A :class:`Storage` for a path or fsspec URL (``file://`` and plain paths are local)."""
+def open_storage(
+    url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
+) -> Storage:
+    """A :class:`Storage` for a path or fsspec URL (``file://`` and plain paths are local).
+
+    ``retry`` applies to remote stores (default :data:`DEFAULT_RETRY`); local disks do
+    not fail transiently, so a local error is reported at once.
+    """
     url = os.fspath(url)
     if "://" not in url:
         return LocalStorage(url)
     if url.startswith("file://"):
         return LocalStorage(url[len("file://") :])
-    return FsspecStorage(url, storage_options)
+    return FsspecStorage(url, storage_options, retry)

@@ -25,7 +25,7 @@ from .errors import ManifestError, RavexError, StepNotFoundError, StoreNotFoundE
 from .hashing import HASH_NAME
 from .manifest import Manifest
 from .names import manifest_key, step_dir
-from .storage import LocalStorage, Storage, open_storage
+from .storage import LocalStorage, RetryPolicy, Storage, open_storage
 
 if TYPE_CHECKING:
     from .gc import GCReport
@@ -230,9 +230,13 @@ def open_store(
     create: bool = False,
     storage_options: dict[str, Any] | None = None,
     created_by: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> CheckpointStore:
-    """Open (or with ``create=True``, create) the store at a path or fsspec URL."""
-    storage = open_storage(os.fspath(url), storage_options)
+    """Open (or with ``create=True``, create) the store at a path or fsspec URL.
+
+    ``retry`` bounds how remote calls are retried (:class:`~ravex.format.storage.RetryPolicy`).
+    """
+    storage = open_storage(os.fspath(url), storage_options, retry)
     try:
         data = storage.read(ROOT_KEY)
     except FileNotFoundError:
