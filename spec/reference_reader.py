@@ -145,7 +145,10 @@ def read_array(root, path, meta, chunks):
             raise FormatError(f"{where}: bad chunk key")
         stored = read_chunk(root, ref, where)
         size = math.prod(cshape) * dtype.itemsize
-        raw = bytes(stored) if compressor is None else compressor.decode(stored, out=np.empty(size, "u1")).tobytes()
+        try:
+            raw = bytes(stored) if compressor is None else compressor.decode(stored, np.empty(size, "u1")).tobytes()
+        except (RuntimeError, ValueError) as exc:
+            raise FormatError(f"{where}: does not decode to {size} bytes ({exc})") from None
         if len(raw) != size:
             raise FormatError(f"{where}: decoded to {len(raw)} bytes, expected {size}")
         if xxhash is not None and xxhash.xxh3_128_hexdigest(raw) != ref["raw"]:
