@@ -66,6 +66,18 @@ def activate(**overrides: Any) -> Any:
     return _runtime.start(config, scan_existing=True)
 
 
+def _activate_from_autoloader() -> Any:
+    """What the ``.pth`` hook calls once torch is imported: nothing exists yet to scan."""
+    from ravex import _runtime
+
+    runtime = _runtime.get_runtime()
+    if runtime is not None:
+        return runtime
+    from ravex._config import RavexConfig
+
+    return _runtime.start(RavexConfig.load(), scan_existing=False)
+
+
 def deactivate() -> None:
     """Flush, stop checkpointing and remove every patch. Mostly for tests."""
     from ravex import _runtime

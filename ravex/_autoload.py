@@ -80,7 +80,7 @@ def _activate() -> None:
     try:
         import ravex
 
-        ravex.activate()
+        ravex._activate_from_autoloader()
     except Exception as exc:  # a bad ravex.yaml must stop the run, in one line
         sys.stderr.write(f"ravex: {exc}\n")
         raise SystemExit(2) from None

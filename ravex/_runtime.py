@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -56,8 +57,25 @@ def start(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
         _runtime = None
         runtime.shutdown(final_checkpoint=False)
         raise
-    atexit.register(runtime.shutdown)
+    _at_exit(runtime.shutdown)
     return runtime
+
+
+def _at_exit(callback: Any) -> None:
+    """Run ``callback`` at interpreter exit *before* thread pools shut down.
+
+    ``concurrent.futures`` stops accepting work from a ``threading`` exit hook that runs
+    before plain ``atexit`` handlers; the final checkpoint's writer needs its pool, so
+    ours goes in the same list (run in reverse order of registration: ours first).
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - Python < 3.9
+        atexit.register(callback)
+        return
+    try:
+        register(callback)
+    except RuntimeError:  # pragma: no cover - already shutting down
+        atexit.register(callback)
 
 
 class _Empty:
@@ -141,10 +159,6 @@ class RavexRuntime:
             if self._patches is not None:
                 self._patches.undo()
                 self._patches = None
-            try:
-                atexit.unregister(self.shutdown)
-            except Exception:  # pragma: no cover
-                pass
 
     def _scan_existing(self) -> None:
         """``activate()`` after the model was built: find what already exists.
@@ -157,14 +171,16 @@ class RavexRuntime:
 
         kinds = ((torch.nn.Module, "modules"), (torch.optim.Optimizer, "optimizers"),
                  (LRScheduler, "schedulers"), (torch.amp.GradScaler, "scalers"))
-        for obj in gc.get_objects():
-            if isinstance(obj, DataLoader):
-                self.registry.loader_state(obj)
-                continue
-            for cls, kind in kinds:
-                if isinstance(obj, cls):
-                    self.registry.add(kind, obj)
-                    break
+        with warnings.catch_warnings():  # isinstance() on lazy torch modules warns
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, DataLoader):
+                    self.registry.loader_state(obj)
+                    continue
+                for cls, kind in kinds:
+                    if isinstance(obj, cls):
+                        self.registry.add(kind, obj)
+                        break
 
     def _open_backend(self) -> bool:
         from ravex.backends import get_backend

@@ -47,37 +47,30 @@ def block(reason: str) -> None:
 
 
 def install_write_block(n: int) -> None:
-    """Stop the writer thread inside the n-th commit, after its first chunk object."""
+    """Stop the writer thread inside the n-th commit: after its first object, or before its
+    manifest if every chunk was small enough to be inlined. Prints ``IN-WRITE``."""
     import threading
 
-    from ravex.format import storage
+    from ravex.format.storage import LocalStorage
 
-    calls = {"commits": 0}
+    manifests = {"written": 0}
     never = threading.Event()
-    import ravex.backends as backends
+    original_put = LocalStorage.write
 
-    original_write = backends.ZarrBackend._write
-
-    def _write(self, job):
-        calls["commits"] += 1
-        calls["armed"] = calls["commits"] == n
-        return original_write(self, job)
-
-    backends.ZarrBackend._write = _write
-    cls = storage.LocalStorage if hasattr(storage, "LocalStorage") else None
-    target = cls or storage.Storage
-    original_put = target.put_object if hasattr(target, "put_object") else None
-    name = "put_object" if original_put else "put"
-    original = getattr(target, name)
-
-    def put(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        if calls.get("armed"):
-            print("IN-WRITE", flush=True)
+    def put(self, key, data):
+        manifest = key.startswith("steps/")
+        armed = manifests["written"] == n - 1
+        if armed and manifest:
+            print(f"IN-WRITE before manifest {key}", flush=True)
             never.wait()
-        return result
+        original_put(self, key, data)
+        if manifest:
+            manifests["written"] += 1
+        elif armed:
+            print(f"IN-WRITE after {key}", flush=True)
+            never.wait()
 
-    setattr(target, name, put)
+    LocalStorage.write = put
 
 
 class Noisy(Dataset):

@@ -1,0 +1,110 @@
+"""Run real training subprocesses and talk to them through pipes (never sleeps).
+
+A child prints ``LOSS``/``EPOCH``/``BLOCKED``/``IN-WRITE`` lines; :func:`run` reads them as
+they come and SIGKILLs the child the moment it reports the point a test asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINEE = Path(__file__).with_name("trainee.py")
+PYTHON = sys.executable
+WATCHDOG_S = 240  # a safety net against a hung child, not a synchronisation
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: list[str] = field(default_factory=list)
+    stderr: str = ""
+
+    @property
+    def losses(self) -> list[str]:
+        return [line.split()[1] for line in self.stdout if line.startswith("LOSS ")]
+
+    @property
+    def resumed_from(self) -> int | None:
+        m = re.search(r"resumed from step (\d+)", self.stderr)
+        return int(m.group(1)) if m else None
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAVEX_", "T_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    kill_on: str | None = None,
+    send_signal_on: tuple[str, int] | None = None,
+) -> Result:
+    """Run ``argv``; SIGKILL it when a stdout line starts with ``kill_on``.
+
+    ``send_signal_on=(prefix, signum)`` sends ``signum`` instead and lets the child exit.
+    """
+    stderr_path = cwd / f"stderr-{os.getpid()}-{threading.get_ident()}.txt"
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        watchdog = threading.Timer(WATCHDOG_S, proc.kill)
+        watchdog.start()
+        lines: list[str] = []
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                lines.append(line)
+                if kill_on and line.startswith(kill_on):
+                    proc.send_signal(signal.SIGKILL)
+                    break
+                if send_signal_on and line.startswith(send_signal_on[0]):
+                    proc.send_signal(send_signal_on[1])
+                    assert proc.stdin is not None
+                    proc.stdin.close()  # unblock the child's stdin read after the signal
+                    send_signal_on = None
+            proc.stdout.close()
+            if proc.stdin and not proc.stdin.closed:
+                proc.stdin.close()
+            code = proc.wait()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return Result(code, lines, stderr_path.read_text())
+
+
+def assert_same_state(a: object, b: object, where: str = "state") -> None:
+    """Bitwise equality of two nested state dicts (tensors: dtype, shape and bytes)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8) if b.dim() else b), where
+        return
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {set(a) ^ set(b)}"
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}/{k}")
+        return
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}/{i}")
+        return
+    assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
