@@ -1,0 +1,141 @@
+"""Crash safety: a writer process SIGKILLed at random instants, inside and between commits,
+leaves a store where every complete step reads back exactly and nothing else is visible."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+
+import pytest
+from fmt_helpers import CHILD, PY, assert_same, child_env, writer_state
+
+from ravex.format import StepNotFoundError, open_store
+from ravex.format.validate import validate
+
+TRIALS = int(os.environ.get("RAVEX_CRASH_TRIALS", "32"))
+SEED = int(os.environ.get("RAVEX_CRASH_SEED", "20261202"))
+KINDS = ("committing", "object", "object", "manifest", "manifest", "committed")
+
+
+class Zygote:
+    """A child that imported everything once and forks a writer per trial (see _child.py)."""
+
+    def __init__(self) -> None:
+        env = child_env()
+        env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [PY, str(CHILD), "zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1
+        )
+        assert self.readline() == "zygote ready"
+
+    def readline(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"zygote exited (rc={self.proc.wait()})")
+        return line.rstrip("\n")
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.send("quit")
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def zygote():
+    z = Zygote()
+    try:
+        yield z
+    finally:
+        if z.proc.poll() is None:
+            z.proc.kill()
+            z.proc.wait()
+
+
+def kill_at(z: Zygote, url: str, rng: random.Random) -> dict:
+    """Fork a writer; SIGKILL it when its output reaches a randomly chosen line; reap it."""
+    kind, commit = rng.choice(KINDS), rng.randrange(3)
+    nth = rng.randrange(4)  # which object write of the commit
+    z.send(f"fork {url} --trace --max-steps 6")
+    pid = None
+    commits = -1
+    objects = 0
+    trail: list[str] = []
+    killed_in = None
+    while True:
+        line = z.readline()
+        if line.startswith("forked "):
+            pid = int(line.split()[1])
+        elif line.startswith("Traceback") or line.startswith("exit"):
+            raise AssertionError(f"writer ended on its own: {line} after {trail[-5:]}")
+        else:
+            trail.append(line)
+            if line.startswith("committing "):
+                commits += 1
+                objects = 0
+            elif line.startswith("wrote objects/"):
+                objects += 1
+            hit = commits >= commit and (
+                (kind == "committing" and line.startswith("committing "))
+                or (kind == "object" and line.startswith("wrote objects/") and objects > nth)
+                or (kind == "manifest" and line.startswith("write steps/"))
+                or (kind == "committed" and line.startswith("committed "))
+                or commits > commit + 1  # an object target this commit did not reach
+            )
+            if hit and killed_in is None:
+                killed_in = line
+        if killed_in is not None and pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            break
+    z.send(f"reap {pid}")
+    while not (line := z.readline()).startswith(f"reaped {pid} "):
+        trail.append(line)  # what the writer printed before the kill landed
+    status = int(line.split()[2])
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    last = [t for t in trail if t.startswith(("committing ", "committed "))]
+    mid_commit = bool(last) and last[-1].startswith("committing ")
+    return {"target": (kind, commit, nth), "line": killed_in, "mid_commit": mid_commit}
+
+
+def test_sigkill_at_random_instants(tmp_path, zygote):
+    url = str(tmp_path / "store")
+    open_store(url, create=True)
+    rng = random.Random(SEED)
+    verified: set[int] = set()
+    outcomes = []
+    for _trial in range(TRIALS):
+        outcomes.append(kill_at(zygote, url, rng))
+        store = open_store(url)
+        report = validate(store)
+        assert report.ok, [f.message for f in report.findings if f.severity == "error"]
+        complete = store.complete_steps()
+        assert store.latest_step() == (complete[-1] if complete else None)
+        for step in complete:
+            if step not in verified:
+                assert_same(store.read(step), writer_state(step))
+                verified.add(step)
+        for step in set(store.step_numbers()) - set(complete):
+            with pytest.raises(StepNotFoundError):
+                store.read(step)
+    zygote.close()
+
+    store = open_store(url)
+    final = validate(store, full=True)
+    assert final.ok, [f.message for f in final.findings if f.severity == "error"]
+    print(f"{TRIALS} kills: {len(verified)} complete steps verified, "
+          f"{sum(o['mid_commit'] for o in outcomes)} kills inside a commit, findings {sorted(final.kinds())}")
+    assert len(verified) >= TRIALS // 2  # resumed from the newest complete step and made progress
+    for step in store.complete_steps():  # everything, once more, with a cold reader
+        assert_same(store.read(step), writer_state(step))
+    # the kills really landed inside commits and left debris that readers ignored
+    assert sum(o["mid_commit"] for o in outcomes) >= TRIALS // 3, outcomes
+    kinds = final.kinds()
+    assert "orphan_object" in kinds or any(name.startswith(".tmp-") for _, _, files in os.walk(url) for name in files)
