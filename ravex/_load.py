@@ -26,11 +26,12 @@ _VIEWS: dict[str, tuple[np.dtype, torch.dtype]] = {
 
 def to_torch(array: np.ndarray, device: torch.device | str | None = None) -> torch.Tensor:
     """A numpy array from the format (ml_dtypes included) as a torch tensor, sharing memory on CPU."""
+    array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
     view = _VIEWS.get(array.dtype.name)
     if view is not None:
-        tensor = torch.from_numpy(np.ascontiguousarray(array).view(view[0])).view(view[1])
+        tensor = torch.from_numpy(array.view(view[0])).view(view[1])
     else:
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensor = torch.from_numpy(array)
     return tensor if device is None else tensor.to(device)
 
 
