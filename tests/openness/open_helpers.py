@@ -76,3 +76,13 @@ def write_zoo(root: Path, compression: str) -> Zoo:
         if rank == 0:
             tree0 = {**tree, "big": {"whole": whole, "sharded": sharded}}
     return Zoo(Path(root), 7, arrays, tree0)
+
+
+def torch_numpy(t: Any) -> np.ndarray:
+    """A torch tensor as numpy, through its bits where numpy has no such type (bfloat16, float8)."""
+    import torch
+
+    if t.is_complex() or not t.dtype.is_floating_point:
+        return t.numpy()
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(width[t.element_size()]).numpy()

@@ -1,0 +1,106 @@
+"""steps/<step>/refs.json: fsspec + zarr alone open a step, in a process that cannot import
+Ravex or torch, with the store as the working directory and from elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from open_helpers import RAW_BITS, same
+
+from ravex.format import open_store
+from ravex.format.refs import refs_key, step_refs, write_refs
+
+#: The lines spec/FORMAT.md shows ("Reading without Ravex"), run verbatim below.
+FSSPEC_LINES = """
+import fsspec, zarr
+fs = fsspec.filesystem("reference", fo=f"{root}/steps/{step}/refs.json",
+                       template_overrides={"u": root}, asynchronous=True)
+group = zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True), mode="r")
+"""
+
+#: What stock zarr-python (no Ravex) can do with a bfloat16/float8 array: read its bits.
+RAW_BITS_LINES = """
+import json
+refs = json.load(open(f"{root}/steps/{step}/refs.json"))
+meta = json.loads(refs["refs"][f"{path}/zarr.json"])
+meta["data_type"], meta["fill_value"] = {"bfloat16": "uint16"}.get(meta["data_type"], "uint8"), 0
+refs["refs"][f"{path}/zarr.json"] = json.dumps(meta)
+fs = fsspec.filesystem("reference", fo=refs, template_overrides={"u": root}, asynchronous=True)
+bits = zarr.open_array(zarr.storage.FsspecStore(fs, read_only=True, path=path), mode="r")[...]
+"""
+
+BLOCK = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("ravex", "torch"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def _run_without_ravex(zoo, root: str, cwd, out_dir) -> None:
+    """Open the zoo step with the spec's lines and save every array (bits for extension types)."""
+    extension = sorted(p for p, a in zoo.arrays.items() if a.dtype.name in RAW_BITS)
+    plain = sorted(p for p in zoo.arrays if p not in extension)
+    loop = "\n".join("    " + line for line in RAW_BITS_LINES.strip().splitlines())
+    code = "\n".join(
+        [
+            BLOCK,
+            f"root, step, out = {root!r}, {zoo.step}, {str(out_dir)!r}",
+            "import numpy as np",
+            FSSPEC_LINES,
+            'assert group.attrs["ravex"]["step"] == step',
+            f"for path in {plain!r}:",
+            '    np.save(out + "/" + path.replace("/", "__") + ".npy", group[path][...])',
+            f"for path in {extension!r}:",
+            loop,
+            '    np.save(out + "/" + path.replace("/", "__") + ".npy", bits)',
+            'assert "ravex" not in sys.modules and "torch" not in sys.modules',
+            'print("ok")',
+        ]
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=cwd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"
+    for path, expected in zoo.arrays.items():
+        got = np.load(out_dir / (path.replace("/", "__") + ".npy"))
+        assert same(got, expected), path
+
+
+def test_refs_from_store_directory(zoo, tmp_path):
+    write_refs(open_store(zoo.root), zoo.step)
+    _run_without_ravex(zoo, ".", zoo.root, tmp_path)
+
+
+def test_refs_from_elsewhere(zoo_zstd, tmp_path):
+    write_refs(open_store(zoo_zstd.root), zoo_zstd.step)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _run_without_ravex(zoo_zstd, str(zoo_zstd.root), elsewhere, tmp_path)
+
+
+def test_write_refs_is_idempotent_and_deterministic(zoo_zstd):
+    store = open_store(zoo_zstd.root)
+    key = write_refs(store, zoo_zstd.step)
+    path = zoo_zstd.root / key
+    first, mtime = path.read_bytes(), path.stat().st_mtime_ns
+    assert write_refs(store, zoo_zstd.step) == key == refs_key(zoo_zstd.step)
+    assert path.read_bytes() == first and path.stat().st_mtime_ns == mtime  # not rewritten
+    doc = json.loads(first)
+    assert doc["version"] == 1 and doc["templates"] == {"u": "."}
+    whole = doc["refs"]["big/whole/c/0/0"]
+    assert whole[0].startswith("{{u}}/objects/") and whole[1] == 0
+    assert not any(os.path.isabs(v[0]) for v in doc["refs"].values() if isinstance(v, list))
+
+
+def test_committed_example_refs_are_current(example_dir):
+    """spec/example's refs.json files are exactly what write_refs produces today."""
+    store = open_store(example_dir)
+    for step in (1, 2):
+        on_disk = json.loads((example_dir / refs_key(step)).read_text())
+        assert on_disk == step_refs(store, step)
