@@ -102,6 +102,19 @@ class Storage(ABC):
     def delete(self, keys: Iterable[str]) -> None:
         """Delete objects; absent ones are ignored."""
 
+    def delete_if_older(self, key: str, cutoff: float) -> bool:
+        """Delete ``key`` if its modification time is before ``cutoff`` (epoch seconds), checked
+        just before the delete. Default: look, then delete; object stores offer no atomic
+        conditional delete on age, so a small window remains (spec/FORMAT.md, GC)."""
+        try:
+            mtime = next((o.mtime for o in self.walk(key) if o.key == key), None)
+        except FileNotFoundError:
+            return False
+        if mtime is None or mtime >= cutoff:
+            return False
+        self.delete([key])
+        return True
+
 
 class LocalStorage(Storage):
     """A directory on a local disk: fsync'd, atomic writes."""
@@ -152,9 +165,7 @@ class LocalStorage(Storage):
         path = self._path(key)
         folder = os.path.dirname(path)
         if folder not in self._made:
-            os.makedirs(folder, exist_ok=True)
-            with self._lock:
-                self._made.add(folder)
+            self._make_dirs(folder)
         tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -171,6 +182,19 @@ class LocalStorage(Storage):
             raise
         with self._lock:
             self._dirty.add(folder)
+
+    def _make_dirs(self, folder: str) -> None:
+        """Create ``folder`` and record every directory whose entries changed: a new folder's
+        own entry lives in its parent, which ``sync`` must fsync too."""
+        created = []
+        probe = folder
+        while probe != self.root and not os.path.isdir(probe):
+            created.append(probe)
+            probe = os.path.dirname(probe)
+        os.makedirs(folder, exist_ok=True)
+        with self._lock:
+            self._made.add(folder)
+            self._dirty.update(os.path.dirname(c) for c in created)
 
     def sync(self) -> None:
         with self._lock:
@@ -226,6 +250,29 @@ class LocalStorage(Storage):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def delete_if_older(self, key: str, cutoff: float) -> bool:
+        """Delete ``key`` only if its mtime, checked after it is moved aside, is before ``cutoff``.
+
+        Moving it aside first closes the race with a writer that re-stores the same bytes
+        between GC's listing and the delete: either the writer's copy lands after the move
+        (and stays), or it is the one moved aside, found young, and put back.
+        """
+        path = self._path(key)
+        aside = os.path.join(os.path.dirname(path), f".gc-{uuid.uuid4().hex}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        if os.stat(aside).st_mtime < cutoff:
+            os.unlink(aside)
+            return True
+        try:
+            os.link(aside, path)  # put back, unless a writer has stored it again meanwhile
+        except FileExistsError:
+            pass
+        os.unlink(aside)
+        return False
 
     def remove_empty_dir(self, prefix: str) -> None:
         """Remove ``prefix`` if it is an empty folder (after its step was deleted)."""
@@ -341,15 +388,18 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
+    """``HTTP 503 SlowDown: Please reduce your request rate.``, ``ConnectionResetError: ...``"""
     text = str(exc) or repr(exc)
+    status, code = _http_status_and_code(exc)
+    if status is not None:
+        return f"HTTP {status}{f' {code}' if code else ''}: {text}"
     return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
 
 
 def _storage_error(url: str, op: str, key: str, exc: BaseException, note: str = "") -> StorageError:
     err = StorageError(f"store {url!r}: {op} {key!r} failed{note}: {_describe(exc)}")
     if isinstance(exc, OSError) and exc.errno is not None:
-        err.errno = exc.errno
-        err.strerror = exc.strerror
+        err.errno = exc.errno  # (not strerror: OSError.__str__ would then drop the message)
     return err
 
 
