@@ -1,0 +1,378 @@
+"""Read-only helpers for the inspector tools (`ravex ls/show/diff/validate`, `ravex inspect`).
+
+Pure functions over what the rest of the format already exposes: per-step summaries from the
+manifests, streaming tensor statistics and histograms, which chunks a step shares with the
+previous one, a diff that reports progress, and a validation that reports progress. Nothing
+here writes to a store, and nothing imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .diff import StepDiff, TensorDiff, diff
+from .dtypes import data_type
+from .errors import RavexError
+from .hashing import digest
+from .manifest import ArrayEntry
+from .names import object_key, unescape_key
+from .reader import ArrayRef, StepReader
+from .store import CheckpointStore, StepInfo
+from .validate import Finding, ValidationReport, validate
+
+#: ``progress(done, total, what)``; ``total`` is 0 when unknown.
+Progress = Callable[[int, int, str], None]
+
+#: Tensors up to this size are read whole for statistics; larger ones are streamed twice in row blocks.
+STATS_WHOLE_BYTES = 256 << 20
+STATS_BLOCK_BYTES = 64 << 20
+
+
+def _noop(done: int, total: int, what: str) -> None:
+    pass
+
+
+# ---- steps ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """What a listing shows for one step: from its manifests, no tensor is read."""
+
+    step: int
+    complete: bool
+    problem: str | None
+    world_size: int | None
+    ranks: tuple[int, ...]
+    created_at: str = ""
+    tensors: int = 0
+    logical_bytes: int = 0
+    new_bytes: int = 0
+    reused_bytes: int = 0
+
+    @property
+    def reuse_ratio(self) -> float | None:
+        """Fraction of the logical bytes that did not have to be written."""
+        return self.reused_bytes / self.logical_bytes if self.logical_bytes else None
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["ranks"] = list(self.ranks)
+        d["reuse_ratio"] = self.reuse_ratio
+        return d
+
+
+def summarize_step(store: CheckpointStore, info: StepInfo) -> StepSummary:
+    """Sum the stats of the manifests a step has (all of them for a complete step)."""
+    tensors: set[str] = set()
+    logical = new = reused = 0
+    created = ""
+    for rank in info.ranks:
+        try:
+            m = store.manifest(info.step, rank)
+        except (RavexError, OSError):
+            continue
+        tensors.update(m.arrays)
+        logical += int(m.stats.get("logical_bytes", 0) or 0)
+        new += int(m.stats.get("new_bytes", 0) or 0)
+        reused += int(m.stats.get("reused_bytes", 0) or 0)
+        created = max(created, m.created_at)
+    return StepSummary(
+        info.step, info.complete, info.problem, info.world_size, info.ranks, created, len(tensors), logical, new, reused
+    )
+
+
+def summarize_steps(store: CheckpointStore, progress: Progress | None = None) -> Iterable[StepSummary]:
+    """Every step, ascending, summarised one at a time (a generator, so a UI can show them as they come)."""
+    progress = progress or _noop
+    numbers = store.step_numbers()
+    for i, step in enumerate(numbers):
+        progress(i, len(numbers), f"step {step}")
+        yield summarize_step(store, store.step_info(step))
+    progress(len(numbers), len(numbers), "")
+
+
+def previous_complete(store: CheckpointStore, step: int) -> int | None:
+    """The newest complete step older than ``step``, or None."""
+    for number in reversed(store.step_numbers()):
+        if number < step and store.step_info(number).complete:
+            return number
+    return None
+
+
+# ---- tensors -------------------------------------------------------------------------------
+
+
+def display_path(path: str) -> str:
+    """An array path as the user's keys: each segment unescaped (``layer%2F0`` -> ``layer/0``)."""
+    return "/".join(unescape_key(seg) for seg in path.split("/"))
+
+
+@dataclass(frozen=True)
+class ChunkShare:
+    """One chunk of a tensor and whether the previous step holds the same bytes."""
+
+    key: str
+    status: str  # shared | changed | new
+    size: int  # stored bytes
+    where: str  # object | pack | inline
+
+
+def chunk_sharing(entry: ArrayEntry, previous: ArrayEntry | None) -> list[ChunkShare]:
+    """Per chunk (in grid order): ``shared`` with the previous step, ``changed``, or ``new`` there.
+
+    Known from the manifests' raw digests alone; nothing is read.
+    """
+    out = []
+    prev = previous.chunks if previous is not None and previous.shape == entry.shape else {}
+    for key in sorted(entry.chunks, key=_chunk_order):
+        ref = entry.chunks[key]
+        other = prev.get(key)
+        status = "new" if other is None else ("shared" if other.raw == ref.raw else "changed")
+        where = "inline" if ref.inline is not None else ("pack" if ref.offset is not None else "object")
+        out.append(ChunkShare(key, status, ref.size, where))
+    return out
+
+
+def _chunk_order(key: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in key.split("/")[1:])
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Statistics of a tensor's finite values, with NaN/Inf counted apart and a histogram."""
+
+    count: int
+    nan: int
+    inf: int
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    l2: float
+    hist_counts: tuple[int, ...] = ()
+    hist_edges: tuple[float, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["hist_counts"] = list(self.hist_counts)
+        d["hist_edges"] = list(self.hist_edges)
+        return d
+
+
+@dataclass
+class _Moments:
+    count: int = 0
+    nan: int = 0
+    inf: int = 0
+    finite: int = 0
+    lo: float = math.inf
+    hi: float = -math.inf
+    total: float = 0.0
+    sq: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def add(self, block: np.ndarray) -> None:
+        x = _as_float(block).ravel()
+        self.count += x.size
+        isnan = np.isnan(x)
+        isinf = np.isinf(x)
+        self.nan += int(isnan.sum())
+        self.inf += int(isinf.sum())
+        f = x[~(isnan | isinf)]
+        if f.size:
+            self.finite += f.size
+            self.lo = min(self.lo, float(f.min()))
+            self.hi = max(self.hi, float(f.max()))
+            self.total += float(f.sum())
+            self.sq += float(np.dot(f, f))
+
+
+def _as_float(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "c":
+        return np.abs(a).astype(np.float64)
+    return np.asarray(a).astype(np.float64)
+
+
+def tensor_stats(array: np.ndarray, bins: int = 20) -> TensorStats:
+    """Statistics of an in-memory array (any real dtype, bfloat16/float8 included; complex by magnitude)."""
+    m = _Moments()
+    m.add(array)
+    counts, edges = _histogram([array], m, bins)
+    return _finish(m, counts, edges)
+
+
+def read_tensor_stats(reader: StepReader, path: str, bins: int = 20, progress: Progress | None = None) -> TensorStats:
+    """Statistics of one tensor of a step, read in blocks of rows when it is large (two passes)."""
+    ref = ArrayRef(reader, path)
+    if ref.nbytes <= STATS_WHOLE_BYTES or not ref.shape:
+        return tensor_stats(ref.read(), bins)
+    progress = progress or _noop
+    rows = ref.shape[0]
+    row_bytes = max(1, ref.nbytes // max(rows, 1))
+    step = max(1, STATS_BLOCK_BYTES // row_bytes)
+    blocks = [slice(i, min(rows, i + step)) for i in range(0, rows, step)]
+    m = _Moments()
+    for i, b in enumerate(blocks):
+        progress(i, 2 * len(blocks), path)
+        m.add(ref.read(rows=b))
+    counts, edges = _histogram((ref.read(rows=b) for b in blocks), m, bins)
+    progress(2 * len(blocks), 2 * len(blocks), path)
+    return _finish(m, counts, edges)
+
+
+def _histogram(blocks: Iterable[np.ndarray], m: _Moments, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    if not m.finite:
+        return np.zeros(0, np.int64), np.zeros(0)
+    lo, hi = m.lo, m.hi
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    counts = np.zeros(bins, np.int64)
+    edges = np.linspace(lo, hi, bins + 1)
+    for block in blocks:
+        x = _as_float(block).ravel()
+        x = x[np.isfinite(x)]
+        counts += np.histogram(x, bins=edges)[0]
+    return counts, edges
+
+
+def _finish(m: _Moments, counts: np.ndarray, edges: np.ndarray) -> TensorStats:
+    if m.finite:
+        mean = m.total / m.finite
+        var = max(0.0, m.sq / m.finite - mean * mean)
+        return TensorStats(
+            m.count, m.nan, m.inf, m.lo, m.hi, mean, math.sqrt(var), math.sqrt(m.sq),
+            tuple(int(c) for c in counts), tuple(float(e) for e in edges),
+        )
+    return TensorStats(m.count, m.nan, m.inf, None, None, None, None, 0.0)
+
+
+def step_values(reader: StepReader, rank: int = 0) -> dict[str, Any]:
+    """Non-tensor leaves of one rank's state tree (lr, step, epoch ...), by their ``/`` path."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, ArrayRef):
+            return
+        if isinstance(node, dict):
+            items: Iterable = node.items()
+        elif isinstance(node, (list, tuple)):
+            items = enumerate(node)
+        else:
+            out[path] = node
+            return
+        for k, v in items:
+            walk(v, f"{path}/{k}" if path else str(k))
+
+    walk(reader.tree(rank), "")
+    return out
+
+
+def dtype_name(entry: ArrayEntry) -> str:
+    """The numpy name of an entry's data type (``bfloat16``, ``float32`` ...)."""
+    try:
+        return str(data_type(entry.data_type).numpy)
+    except RavexError:
+        return entry.data_type
+
+
+# ---- diff ----------------------------------------------------------------------------------
+
+
+def diff_steps(a: StepReader, b: StepReader, stats: bool = True, progress: Progress | None = None) -> StepDiff:
+    """:func:`ravex.format.diff.diff`, reporting progress while it reads the tensors that changed.
+
+    Which chunks changed comes from the manifests; only changed tensors are read, one at a time.
+    """
+    out = diff(a, b, stats=False)
+    if not stats:
+        return out
+    progress = progress or _noop
+    changed = [i for i, t in enumerate(out.tensors) if t.status == "changed"]
+    for n, i in enumerate(changed):
+        progress(n, len(changed), out.tensors[i].name)
+        out.tensors[i] = compare_tensor(a, b, out.tensors[i])
+    progress(len(changed), len(changed), "")
+    return out
+
+
+def compare_tensor(a: StepReader, b: StepReader, td: TensorDiff) -> TensorDiff:
+    """Fill in max |a-b|, ||a-b||/||a|| and cosine for one changed tensor."""
+    x = ArrayRef(a, td.name).read()
+    y = ArrayRef(b, td.name).read()
+    if x.dtype.kind == "c":
+        xa, ya = x.astype(np.complex128), y.astype(np.complex128)
+    else:
+        xa, ya = x.astype(np.float64), y.astype(np.float64)
+    d = ya - xa
+    max_abs = float(np.max(np.abs(d))) if d.size else 0.0
+    na, nd, nb = (float(np.linalg.norm(v.ravel())) for v in (xa, d, ya))
+    rel = nd / na if na else (0.0 if nd == 0 else math.inf)
+    cos = float(np.real(np.vdot(xa.ravel(), ya.ravel()))) / (na * nb) if na and nb else None
+    status = td.status
+    if max_abs == 0.0 and a.arrays[td.name].chunk_shape != b.arrays[td.name].chunk_shape:
+        status = "unchanged"  # same values, chunked differently
+    return TensorDiff(td.name, status, td.chunks_changed, td.chunks_total, td.shape, td.dtype, max_abs, rel, cos)
+
+
+def change_order(td: TensorDiff) -> tuple:
+    """Sort key: largest relative change first; added/removed/reshaped before measured changes."""
+    rank = {"added": 0, "removed": 0, "reshaped": 0, "changed": 1, "unchanged": 2}.get(td.status, 3)
+    rel = td.rel_l2 if td.rel_l2 is not None else (td.chunks_changed / td.chunks_total if td.chunks_total else 0.0)
+    return (rank, -rel if not math.isnan(rel) else 0.0, td.name)
+
+
+# ---- validate ------------------------------------------------------------------------------
+
+
+def validate_with_progress(
+    store: CheckpointStore, full: bool = False, progress: Progress | None = None
+) -> ValidationReport:
+    """:func:`ravex.format.validate.validate`, reporting progress while ``full`` rehashes objects.
+
+    The listing checks (manifests, missing and truncated objects, incomplete steps, orphans) are
+    the validator's own; the rehash of every referenced object is done here, one object at a time,
+    so that a caller can show how far it got.
+    """
+    progress = progress or _noop
+    progress(0, 0, "listing")
+    report = validate(store, full=False)
+    if not full:
+        return report
+    missing = {f.object for f in report.findings if f.kind in ("missing_object", "size_mismatch")}
+    referenced: dict[str, tuple[int, int, str, str]] = {}
+    for step in report.steps_checked:
+        for rank in store.step_info(step).ranks:
+            try:
+                m = store.manifest(step, rank)
+            except (RavexError, OSError):
+                continue  # reported by the validator
+            for path, entry in m.arrays.items():
+                for key, ref in entry.chunks.items():
+                    if ref.object is not None and ref.object not in missing:
+                        referenced.setdefault(ref.object, (step, rank, path, key))
+    names = sorted(referenced)
+    for i, name in enumerate(names):
+        progress(i, len(names), name)
+        step, rank, path, key = referenced[name]
+        try:
+            data = store.storage.read(object_key(name))
+        except FileNotFoundError:
+            continue
+        if digest(data) != name:
+            report.findings.append(
+                Finding(
+                    "hash_mismatch",
+                    f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
+                    "does not match its hash (corrupt bytes)",
+                    step, rank, path, key, name,
+                )
+            )
+    report.objects_checked = len(names)
+    progress(len(names), len(names), "")
+    return report

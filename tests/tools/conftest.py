@@ -1,0 +1,66 @@
+"""Fixtures for the tool tests: stores written by the format, the CLI as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from stores import write_run  # noqa: E402
+
+#: How the tests start the command: ``python -m ravex`` once ravex/cli.py wires the verbs in.
+_CLI = ROOT / "ravex" / "cli.py"
+CLI_MODULE = "ravex" if _CLI.exists() and "cli_verbs" in _CLI.read_text() else "ravex.cli_verbs"
+
+
+@pytest.fixture(autouse=True)
+def _fixed_clock(monkeypatch):
+    """Manifests carry their creation time; fix it so that output (and snapshots) repeat."""
+    import ravex.format.store
+
+    monkeypatch.setattr(ravex.format.store, "now_iso", lambda: "2026-12-01T12:00:00.000+00:00")
+
+
+@pytest.fixture
+def run_store(tmp_path: Path) -> Path:
+    """Steps 100, 200, 300 complete and 400 half-written (rank 0 of 2)."""
+    return write_run(tmp_path / "ckpt", incomplete=400)
+
+
+class Result:
+    def __init__(self, proc: subprocess.CompletedProcess) -> None:
+        self.rc = proc.returncode
+        self.out = proc.stdout
+        self.err = proc.stderr
+
+    def json(self):
+        return json.loads(self.out)
+
+    def __repr__(self) -> str:
+        return f"Result(rc={self.rc}, out={self.out[-2000:]!r}, err={self.err[-2000:]!r})"
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    """Run ``python -m ravex ARGS`` in a subprocess (cwd: the test's tmp dir by default)."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Result:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("RAVEX_")}
+        full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env["COLUMNS"] = "200"
+        full_env.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "-m", CLI_MODULE, *map(str, args)],
+            cwd=cwd or tmp_path, env=full_env, capture_output=True, text=True, timeout=120,
+        )
+        return Result(proc)
+
+    return run
