@@ -1,0 +1,1 @@
+"""Ravex benchmarks: ``python -m benchmarks <suite>``; see benchmarks/RESULTS.md."""
