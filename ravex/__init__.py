@@ -36,6 +36,7 @@ __all__ = [
     "deactivate",
     "flush",
     "is_active",
+    "load",
     "status",
     "step",
 ]
@@ -129,3 +130,19 @@ def status() -> dict[str, Any]:
     if runtime is None:
         return {"active": False}
     return runtime.status()
+
+
+def load(store: Any, step: int | str = "latest", subtree: Any = None, device: Any = None) -> Any:
+    """A checkpoint's state tree with torch tensors, for evaluation, inference or fine-tuning.
+
+    ``store`` is a path or fsspec URL; ``step`` a number or ``"latest"``; ``subtree`` a key
+    or keys (``"model"``) to read only that part; ``device`` where the tensors go::
+
+        model.load_state_dict(ravex.load("./ckpt")["model"])
+
+    Nothing is unpickled. Without torch, ``ravex.format.open_store(path).read(step)``
+    gives the same tree with numpy arrays.
+    """
+    from ravex._load import load as _load
+
+    return _load(store, step, subtree=subtree, device=device)
