@@ -1,0 +1,210 @@
+"""Local storage faults at the format level: disk full, read-only store, permission denied, EIO.
+
+Each: the commit raises a StorageError (a RavexError and an OSError, errno kept) that
+names the store; earlier steps stay intact and readable; no temp file is left; every
+object on disk is whole (its bytes hash to its name: objects are renamed into place
+only when complete). Mounting a tmpfs needs root (or CAP_SYS_ADMIN): skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rhelpers import assert_same, objects_all_whole
+
+from ravex.format import open_store
+from ravex.format.errors import RavexError, StorageError
+from ravex.format.storage import LocalStorage
+from ravex.format.validate import validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tree(step: int, mib: float) -> dict:
+    rng = np.random.default_rng(step)
+    n = int(mib * (1 << 20) / 4)
+    return {"w": rng.standard_normal(n).astype("float32"), "b": rng.standard_normal(3000).astype("float32"),
+            "step": step}
+
+
+def _leftovers(root: str | Path) -> list[str]:
+    return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files if f.startswith(".tmp-")]
+
+
+def _mount_tmpfs(where: Path, size: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {r.stderr.strip() or r.returncode}")
+
+
+def _umount(where: Path) -> None:
+    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mnt = tmp_path / "disk"
+    _mount_tmpfs(mnt, "2m")
+    yield mnt
+    _umount(mnt)
+
+
+def test_disk_full_mid_commit(small_disk):
+    url = str(small_disk / "store")
+    store = open_store(url, create=True)
+    with store.writer(chunk_bytes=256 << 10) as w:
+        w.commit(1, _tree(1, 0.5))
+        with pytest.raises(StorageError) as info:
+            w.commit(2, _tree(2, 3.0))  # 3 MiB on a 2 MiB disk that holds 0.5 already
+        err = info.value
+        assert isinstance(err, RavexError) and isinstance(err, OSError)
+        assert err.errno == errno.ENOSPC, err
+        assert url in str(err) and "No space left" in str(err), err
+        assert "\n" not in str(err)
+
+        assert _leftovers(small_disk) == []
+        assert objects_all_whole(store.storage) == []
+        assert store.complete_steps() == [1]
+        assert_same(open_store(url).read("latest"), _tree(1, 0.5))
+        assert validate(url, full=True).ok
+
+        # space comes back (GC drops the failed commit's orphans): the same writer goes on
+        store.gc(grace_seconds=0)
+        w.commit(3, _tree(3, 0.5))
+    assert store.complete_steps() == [1, 3]
+    assert_same(open_store(url).read(3), _tree(3, 0.5))
+
+
+def test_read_only_store(tmp_path):
+    mnt = tmp_path / "ro"
+    _mount_tmpfs(mnt, "8m")
+    try:
+        url = str(mnt / "store")
+        store = open_store(url, create=True)
+        with store.writer() as w:
+            w.commit(1, _tree(1, 0.3))
+        r = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"remount,ro is not permitted here: {r.stderr.strip()}")
+        with store.writer() as w, pytest.raises(StorageError) as info:
+            w.commit(2, _tree(2, 0.3))
+        assert info.value.errno == errno.EROFS and url in str(info.value), info.value
+        ro = open_store(url)
+        assert ro.complete_steps() == [1]
+        assert_same(ro.read("latest"), _tree(1, 0.3))
+        assert validate(ro, full=True).ok
+    finally:
+        _umount(mnt)
+
+
+_AS_NOBODY = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from ravex.format import open_store
+from ravex.format.errors import StorageError
+import numpy as np
+store = open_store(sys.argv[1])
+out = {"latest": store.latest_step(), "w0": float(store.read("latest")["w"][0])}
+try:
+    with store.writer() as w:
+        w.commit(2, {"w": np.ones(100000, "float32"), "step": 2})
+    out["committed"] = True
+except StorageError as exc:
+    out.update(error=str(exc), errno=exc.errno)
+print(json.dumps(out))
+"""
+
+
+def test_permission_denied_as_unprivileged_user():
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv(1) to run the writer as an unprivileged user")
+    base = Path(tempfile.mkdtemp(prefix="ravex-perm-"))
+    try:
+        os.chmod(base, 0o755)
+        url = str(base / "store")
+        store = open_store(url, create=True)
+        with store.writer() as w:
+            w.commit(1, _tree(1, 0.2))
+        for d, dirs, files in os.walk(base):  # readable by all, writable by root only
+            for name in dirs:
+                os.chmod(os.path.join(d, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(d, name), 0o644)
+        r = subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _AS_NOBODY, url,
+             str(REPO)],
+            capture_output=True, text=True, timeout=120, env={"PATH": os.environ.get("PATH", ""), "HOME": "/"},
+        )
+        if r.returncode != 0 and "Operation not permitted" in r.stderr:
+            pytest.skip(f"setpriv cannot drop privileges here: {r.stderr.strip()[-200:]}")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["latest"] == 1 and out["w0"] == float(_tree(1, 0.2)["w"][0])
+        assert "committed" not in out, out
+        assert out["errno"] == errno.EACCES and url in out["error"] and "Permission denied" in out["error"], out
+        assert _leftovers(base) == []
+        assert open_store(url).complete_steps() == [1]
+        assert validate(url, full=True).ok
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+_FAIL = threading.local()
+
+
+class _FailingStorage(LocalStorage):
+    """LocalStorage whose fsync of the temp file fails with ``err`` for keys starting with
+    ``prefix``: the temp file exists and holds the data when the error comes."""
+
+    def __init__(self, root: str, prefix: str, err: int) -> None:
+        super().__init__(root)
+        self.prefix, self.err = prefix, err
+
+    def _write(self, key, data):
+        _FAIL.err = self.err if key.startswith(self.prefix) else None
+        try:
+            return super()._write(key, data)
+        finally:
+            _FAIL.err = None
+
+
+@pytest.mark.parametrize(("prefix", "err"), [("objects/", errno.EIO), ("steps/", errno.ENOSPC)])
+def test_eio_or_enospc_on_objects_or_manifest_leaves_no_partial_file(tmp_path, monkeypatch, prefix, err):
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if getattr(_FAIL, "err", None):
+            raise OSError(_FAIL.err, os.strerror(_FAIL.err))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    url = str(tmp_path / "store")
+    store = open_store(url, create=True)
+    with store.writer() as w:
+        w.commit(1, _tree(1, 0.3))
+    store.storage = _FailingStorage(url, prefix, err)
+    with store.writer() as w, pytest.raises(StorageError) as info:
+        w.commit(2, _tree(2, 0.3))
+    assert info.value.errno == err and url in str(info.value)
+    assert _leftovers(url) == []
+    assert objects_all_whole(LocalStorage(url)) == []
+    again = open_store(url)
+    assert again.complete_steps() == [1]
+    assert_same(again.read(1), _tree(1, 0.3))
+    assert validate(again, full=True).ok
