@@ -113,11 +113,14 @@ def decoded_chunk_size(entry: ArrayEntry) -> int:
     return math.prod(entry.chunk_shape) * data_type(entry.data_type).itemsize
 
 
-def fetch_chunk(store: CheckpointStore, entry: ArrayEntry, ref: ChunkRef, where: str, verify: bool = True) -> bytes:
+def fetch_chunk(
+    store: CheckpointStore, entry: ArrayEntry | None, ref: ChunkRef, where: str, verify: bool = True
+) -> bytes:
     """The encoded bytes of one chunk, checked against the manifest.
 
     A whole object is checked against its name (the hash of its bytes); a chunk of a
-    pack and an inline chunk are decoded and checked against their ``raw`` digest.
+    pack and an inline chunk are decoded (with ``entry``'s codecs) and checked against
+    their ``raw`` digest.
     """
     if ref.inline is not None:
         data = ref.inline
@@ -139,6 +142,8 @@ def fetch_chunk(store: CheckpointStore, entry: ArrayEntry, ref: ChunkRef, where:
         if digest(data) != ref.object:
             raise CorruptObjectError(f"{where}: object {ref.object} does not match its hash (corrupt bytes)")
         return data
+    if entry is None:
+        raise CorruptObjectError(f"{where}: no array metadata to decode this chunk with")
     try:
         decoded = pipeline(entry.codecs, where).decode(data, decoded_chunk_size(entry))
     except ValueError as exc:
@@ -185,6 +190,7 @@ class StepStore(Store):
         self.step = self._ckpt.resolve_step(step)
         self.verify = verify
         self._keys_cache: dict[str, KeyEntry] | None = None
+        self._reader: StepReader | None = None
 
     # identity, pickling
     @property
@@ -217,7 +223,8 @@ class StepStore(Store):
     @property
     def _keys(self) -> dict[str, KeyEntry]:
         if self._keys_cache is None:
-            self._keys_cache = step_keys(self._ckpt.open_step(self.step))
+            self._reader = self._ckpt.open_step(self.step)
+            self._keys_cache = step_keys(self._reader)
         return self._keys_cache
 
     # reading
@@ -227,8 +234,8 @@ class StepStore(Store):
             return None
         if entry.doc is not None:
             return entry.doc
-        assert entry.array is not None and entry.ref is not None
-        array = self._ckpt.open_step(self.step).arrays[entry.array]
+        assert entry.ref is not None and self._reader is not None
+        array = self._reader.arrays.get(entry.array or "")
         where = f"step {self.step} tensor {entry.array!r} key {key!r}"
         return fetch_chunk(self._ckpt, array, entry.ref, where, self.verify)
 

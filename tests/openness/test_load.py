@@ -36,10 +36,6 @@ class Net(torch.nn.Module):
         self.register_buffer("scale8", torch.linspace(-1, 1, 6).to(torch.float8_e4m3fn))
 
 
-def _load():
-    return getattr(ravex, "load", None) or __import__("ravex._load", fromlist=["load"]).load
-
-
 @pytest.fixture
 def saved(tmp_path):
     torch.manual_seed(0)
@@ -56,18 +52,17 @@ def saved(tmp_path):
 def test_load_state_dict_in_one_line(saved):
     path, model = saved
     fresh = Net()
-    fresh.load_state_dict(_load()(path)["model"])
+    fresh.load_state_dict(ravex.load(path)["model"])
     for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items(), strict=True):
         assert a.dtype == b.dtype and same(torch_numpy(a), torch_numpy(b)), name
 
 
 def test_subtree_device_and_plain_values(saved):
     path, _ = saved
-    load = _load()
-    state = load(str(path), step="latest")
+    state = ravex.load(str(path), step="latest")
     assert state["epoch"] == 3 and state["lr"] == 1e-3
     assert state["model"]["emb.weight"].dtype == torch.bfloat16
     assert state["model"]["scale8"].dtype == torch.float8_e4m3fn
     assert state["model"]["steps"].shape == () and int(state["model"]["steps"]) == 42
-    model_only = load(path, step=10, subtree="model", device="cpu")
+    model_only = ravex.load(path, step=10, subtree="model", device="cpu")
     assert set(model_only) == set(state["model"]) and model_only["fc.weight"].device.type == "cpu"
