@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .errors import FormatVersionError
 
 FORMAT_NAME = "ravex"
@@ -12,7 +14,7 @@ SUPPORTED_MAJOR = 1
 
 def check_version(version: object, where: str) -> None:
     """Reject a document whose major version this reader does not know."""
-    if not isinstance(version, str) or not version.partition(".")[0].isdigit():
+    if not isinstance(version, str) or not re.fullmatch(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)", version):
         raise FormatVersionError(f"{where}: malformed spec version {version!r}; expected 'MAJOR.MINOR'")
     major = int(version.partition(".")[0])
     if major != SUPPORTED_MAJOR:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import RavexError
-from .names import object_key
+from .names import is_decimal, object_key
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
@@ -38,6 +38,8 @@ class GCReport:
     kept_objects: int = 0
     young_unreferenced: int = 0  # unreferenced but within the grace period
     dry_run: bool = False
+    #: set when a manifest could not be read: then no object is deleted at all
+    skipped_objects_because: str | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -99,24 +101,26 @@ def gc(
                 continue
             try:
                 m = store.manifest(step, int(name[5:-5]))
-            except (RavexError, OSError, ValueError):
-                continue  # unreadable manifests protect nothing; validate reports them
+            except (RavexError, OSError, ValueError) as exc:
+                # A manifest we cannot read may still name objects (a transient read error,
+                # a manifest from a newer writer): collecting now could delete a kept step.
+                report.skipped_objects_because = f"step {step} {name}: {exc}"
+                return report
             for entry in m.arrays.values():
                 referenced.update(c.object for c in entry.chunks.values() if c.object)
 
-    doomed = []
+    cutoff = now - grace_seconds
     for obj in store.storage.walk("objects"):
         name = obj.key.rsplit("/", 1)[-1]
         if name in referenced and obj.key == object_key(name):
             report.kept_objects += 1
-        elif now - obj.mtime < grace_seconds:
+        elif obj.mtime >= cutoff:
             report.young_unreferenced += 1
-        else:
-            doomed.append(obj.key)
+        elif dry_run or store.storage.delete_if_older(obj.key, cutoff):  # age checked again at the delete
             report.deleted_objects += 1
             report.deleted_bytes += obj.size
-    if doomed and not dry_run:
-        store.storage.delete(doomed)
+        else:
+            report.young_unreferenced += 1
     return report
 
 
@@ -125,7 +129,7 @@ def _step_mtimes(store: CheckpointStore) -> dict[int, float]:
     ages: dict[int, float] = {}
     for obj in store.storage.walk("steps"):
         parts = obj.key.split("/")
-        if len(parts) == 3 and parts[1].isdigit():
+        if len(parts) == 3 and is_decimal(parts[1]):
             step = int(parts[1])
             ages[step] = max(ages.get(step, 0.0), obj.mtime)
     return ages

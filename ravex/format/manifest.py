@@ -15,7 +15,7 @@ from typing import Any
 from ._version import SPEC_VERSION, check_version
 from .errors import ManifestError
 from .hashing import DIGEST_HEX_LEN, HASH_NAME
-from .names import check_array_path, check_object_name
+from .names import check_array_path, check_object_name, is_decimal
 
 MANIFEST_FORMAT = "ravex-manifest"
 
@@ -151,11 +151,11 @@ class Manifest:
         if doc.get("hash") != HASH_NAME:
             raise ManifestError(f"{where}: unknown hash {doc.get('hash')!r}; expected {HASH_NAME!r}")
         try:
-            step, rank, world = int(doc["step"]), int(doc["rank"]), int(doc["world_size"])
+            step, rank, world = (_json_int(doc[k], k, where) for k in ("step", "rank", "world_size"))
             arrays_doc = doc["arrays"]
             tree = doc["tree"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}: missing or bad field {exc}") from None
+        except KeyError as exc:
+            raise ManifestError(f"{where}: missing field {exc}") from None
         if not (0 <= rank < world) or step < 0:
             raise ManifestError(f"{where}: bad step/rank/world_size {step}/{rank}/{world}")
         if not isinstance(arrays_doc, dict):
@@ -188,6 +188,12 @@ class Manifest:
         )
 
 
+def _json_int(value: Any, name: str, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ManifestError(f"{where}: field {name!r} must be a JSON integer, got {value!r}")
+    return value
+
+
 def _check_zarr_meta(meta: dict[str, Any], where: str) -> None:
     try:
         ok = (
@@ -206,6 +212,6 @@ def _check_zarr_meta(meta: dict[str, Any], where: str) -> None:
 
 def _check_chunk_key(key: str, where: str) -> str:
     parts = key.split("/")
-    if parts[0] != "c" or not all(p.isdigit() for p in parts[1:]):
+    if parts[0] != "c" or not all(is_decimal(p) for p in parts[1:]):
         raise ManifestError(f"{where}: bad chunk key {key!r}; expected 'c/<i>/<j>...'")
     return key

@@ -38,6 +38,14 @@ def unescape_key(segment: str) -> str:
     return unquote(segment)
 
 
+_DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+
+
+def is_decimal(text: str) -> bool:
+    """A step or rank as the layout writes it: ASCII decimal, no sign, no leading zero."""
+    return bool(_DECIMAL.match(text))
+
+
 def check_array_path(path: str, where: str) -> str:
     """Validate an array path from a manifest: relative, escaped segments, no ``..``."""
     if not isinstance(path, str) or not path:

@@ -304,11 +304,21 @@ def _check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
         expected = 0
     else:
         expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
-    if any(c <= 0 for c in chunk_shape) or len(entry.chunks) != expected:
+    grid = [math.ceil(s / c) if c > 0 else 0 for s, c in zip(shape, chunk_shape, strict=True)]
+    if (
+        any(c <= 0 for c in chunk_shape)
+        or len(entry.chunks) != expected
+        or not all(_in_grid(key, grid) for key in entry.chunks)  # same count, all in the grid: exactly the grid
+    ):
         raise CorruptObjectError(
             f"step {step} tensor {path!r}: {len(entry.chunks)} chunk entries for a grid of {expected} "
             f"(shape {list(shape)}, chunks {list(chunk_shape)}); the manifest is inconsistent"
         )
+
+
+def _in_grid(key: str, grid: list[int]) -> bool:
+    parts = key.split("/")[1:]
+    return len(parts) == len(grid) and all(int(p) < g for p, g in zip(parts, grid, strict=True))
 
 
 def _check_raw(decoded: bytes | memoryview, ref: ChunkRef, where: str) -> None:

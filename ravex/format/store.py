@@ -24,7 +24,7 @@ from ._version import FORMAT_NAME, SPEC_VERSION, check_version
 from .errors import ManifestError, RavexError, StepNotFoundError, StoreNotFoundError
 from .hashing import HASH_NAME
 from .manifest import Manifest
-from .names import manifest_key, step_dir
+from .names import is_decimal, manifest_key, step_dir
 from .storage import LocalStorage, RetryPolicy, Storage, open_storage
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .writer import StepWriter
 
 ROOT_KEY = "ravex.json"
-_MANIFEST_NAME = re.compile(r"^rank-(\d+)\.json$")
+_MANIFEST_NAME = re.compile(r"^rank-(0|[1-9][0-9]{0,8})\.json$")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class CheckpointStore:
 
     def step_numbers(self) -> list[int]:
         """Every step with a folder, complete or not, ascending."""
-        return sorted(int(n) for n in self.storage.list_dir("steps") if n.isdigit())
+        return sorted(int(n) for n in self.storage.list_dir("steps") if is_decimal(n))
 
     def step_info(self, step: int) -> StepInfo:
         """Completeness of one step: lists its folder and reads one manifest."""
@@ -177,12 +177,13 @@ class CheckpointStore:
         threads: int | None = None,
         run: str | None = None,
         delta: bool = True,
+        grace_seconds: float = 3600.0,
     ) -> StepWriter:
         """A writer for one rank; it keeps the delta base between commits (``delta=False``
         stores every chunk anew each time)."""
         from .writer import StepWriter
 
-        return StepWriter(self, rank, world_size, compression, chunk_bytes, threads, run, delta)
+        return StepWriter(self, rank, world_size, compression, chunk_bytes, threads, run, delta, grace_seconds)
 
     def open_step(self, step: int | str = "latest") -> StepReader:
         """A reader over one complete step (all ranks' manifests merged)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFoundError, UnsafeNameError
 from .hashing import digest
-from .names import object_key
+from .names import is_decimal, object_key
 from .storage import Storage
 
 ERROR_KINDS = {
@@ -114,7 +114,7 @@ def validate(
         names = storage.list_dir(f"steps/{step}")
         ranks = []
         for name in names:
-            if name.startswith("rank-") and name.endswith(".json") and name[5:-5].isdigit():
+            if name.startswith("rank-") and name.endswith(".json") and is_decimal(name[5:-5]):
                 ranks.append(int(name[5:-5]))
         good = True
         for rank in sorted(ranks):

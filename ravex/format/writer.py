@@ -98,7 +98,12 @@ class _Small:
     """A new chunk too small for an object of its own: it goes into a pack."""
 
     raw: str
+    codecs_json: str  # equal raw bytes under two codec chains are two different stored chunks
     data: bytes
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        return (self.codecs_json, self.raw)
 
 
 @dataclass
@@ -125,6 +130,7 @@ class StepWriter:
         threads: int | None = None,
         run: str | None = None,
         delta: bool = True,
+        grace_seconds: float = 3600.0,
     ) -> None:
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -138,6 +144,12 @@ class StepWriter:
         self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
         self.delta = delta  # False: every commit stores every chunk anew (no reuse)
         self._base: dict[tuple[str, str], ChunkRef] | None = None if delta else {}
+        #: GC's grace period. A base from this writer's own last manifest is trusted only
+        #: while that step is complete or younger than half of it: GC drops incomplete
+        #: steps (a rank that failed its part) once they are older than the grace.
+        self.grace_seconds = grace_seconds
+        self._base_step: int | None = None
+        self._base_at = 0.0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -166,6 +178,12 @@ class StepWriter:
         started = time.perf_counter()
         if self.store.step_info(step).complete:
             raise RavexError(f"step {step} is already complete in {self.store.url!r}; steps are immutable")
+        if (
+            self._base_step is not None
+            and time.monotonic() - self._base_at > self.grace_seconds / 2
+            and not self.store.step_info(self._base_step).complete
+        ):
+            self._base, self._base_step = None, None  # a base GC may be collecting: start afresh
         if self._base is None:
             self._base = self._load_base()
         planned: dict[str, _PlannedArray] = {}
@@ -205,7 +223,7 @@ class StepWriter:
                 return ChunkRef(raw=raw_digest, size=size, inline=bytes(stored)), True
             if size < PACK_MAX_CHUNK_BYTES:
                 timings.add(hash=t1 - t0, encode=t2 - t1)
-                return _Small(raw_digest, bytes(stored)), True
+                return _Small(raw_digest, pipe.codecs_json, bytes(stored)), True
             name = raw_digest if pipe.compressor is None else digest(stored)
             t3 = time.perf_counter()
             with lock:
@@ -251,7 +269,7 @@ class StepWriter:
         for (path, key), ref in self._write_packs(small, timings).items():
             chunk_maps[path][key] = ref
             stats.new_chunks += 1
-        stats.new_bytes += sum(len(s.data) for s in {s.raw: s for _, _, s in small}.values())
+        stats.new_bytes += sum(len(s.data) for s in {s.identity: s for _, _, s in small}.values())
         stats.logical_bytes = sum(a.logical_bytes for a in planned.values())
 
         t_sync = time.perf_counter()
@@ -274,7 +292,7 @@ class StepWriter:
         self.store.storage.write(manifest_key(step, self.rank), data)
         self.store.storage.sync()
         if self.delta:
-            self._base = _reuse_index(manifest)
+            self._base, self._base_step, self._base_at = _reuse_index(manifest), step, time.monotonic()
         ended = time.perf_counter()
         stats.seconds = {
             "hash": timings.hash,
@@ -293,14 +311,14 @@ class StepWriter:
         packed once. The order is the tree's, so the same state packs the same way.
         """
         refs: dict[tuple[str, str], ChunkRef] = {}
-        placed: dict[str, tuple[int, int]] = {}  # raw digest -> (pack index, offset)
+        placed: dict[tuple[str, str], tuple[int, int]] = {}  # (codecs, raw) -> (pack index, offset)
         packs: list[bytearray] = []
         for _path, _key, chunk in small:
-            if chunk.raw in placed:
+            if chunk.identity in placed:
                 continue
             if not packs or (len(packs[-1]) and len(packs[-1]) + len(chunk.data) > PACK_TARGET_BYTES):
                 packs.append(bytearray())
-            placed[chunk.raw] = (len(packs) - 1, len(packs[-1]))
+            placed[chunk.identity] = (len(packs) - 1, len(packs[-1]))
             packs[-1] += chunk.data
 
         def write_pack(data: bytearray) -> str:
@@ -313,7 +331,7 @@ class StepWriter:
 
         names = list(self._pool.map(write_pack, packs))
         for path, key, chunk in small:
-            index, offset = placed[chunk.raw]
+            index, offset = placed[chunk.identity]
             refs[(path, key)] = ChunkRef(raw=chunk.raw, size=len(chunk.data), object=names[index], offset=offset)
         return refs
 

@@ -453,14 +453,9 @@ def test_reader_sketch_in_the_spec_reads_the_writer(tmp_path: Path, compression:
         assert got.shape == want.shape and got.tobytes() == want.tobytes(), name
 
 
-# ---- known disagreements between the code and the spec (remove the mark when fixed) ----------
+# ---- disagreements between the code and the spec found while writing it (now fixed) ----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="writer._write_packs dedupes packed chunks by raw digest only and records the later chunk's "
-    "encoded size: equal raw bytes under different blosc typesizes give an unreadable step (FORMAT.md §5, §12)",
-)
 def test_packed_chunks_with_equal_raw_bytes_and_different_codecs(tmp_path: Path) -> None:
     a = np.random.default_rng(0).integers(0, 1000, 20000).astype(np.float32)
     store = open_store(str(tmp_path / "s"), create=True)
@@ -470,11 +465,6 @@ def test_packed_chunks_with_equal_raw_bytes_and_different_codecs(tmp_path: Path)
     assert back["b"].tobytes() == a.tobytes()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gc.gc skips a manifest it cannot read ('protects nothing'), so a transient read error deletes "
-    "the objects of a kept step; FORMAT.md §14 phase 3 says GC then deletes no object",
-)
 def test_gc_deletes_nothing_when_a_manifest_cannot_be_read(tmp_path: Path) -> None:
     path = str(tmp_path / "s")
     store = open_store(path, create=True)
