@@ -320,7 +320,7 @@ def _signals(value: Any) -> list[str]:
         if not name.startswith("SIG"):
             name = "SIG" + name
         if not isinstance(getattr(signal, name, None), signal.Signals) or name in ("SIGKILL", "SIGSTOP"):
-            raise ValueError(f"{item!r} is not a signal that can be caught")
+            raise ValueError(f"{item!r} is not a signal that can be caught (SIGKILL and SIGSTOP cannot be)")
         out.append(name)
     return out
 

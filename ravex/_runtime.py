@@ -123,6 +123,7 @@ class RavexRuntime:
         self._resume_loaded = False
         self._restored = True
         self._shut = False
+        self._keepalive: dict[int, Any] = {}
 
     # ── lifecycle ───────────────────────────────────────────────────────
 
@@ -155,6 +156,7 @@ class RavexRuntime:
             for handle in self._triggers:
                 handle.remove()
             self._triggers.clear()
+            self._keepalive.clear()
             self._restore_signals()
             if self._patches is not None:
                 self._patches.undo()
@@ -171,6 +173,7 @@ class RavexRuntime:
 
         kinds = ((torch.nn.Module, "modules"), (torch.optim.Optimizer, "optimizers"),
                  (LRScheduler, "schedulers"), (torch.amp.GradScaler, "scalers"))
+        gc.collect()  # cyclic garbage (a dropped optimizer + scheduler) is not "existing"
         with warnings.catch_warnings():  # isinstance() on lazy torch modules warns
             warnings.simplefilter("ignore")
             for obj in gc.get_objects():
@@ -332,6 +335,8 @@ class RavexRuntime:
             return
         self.step = n
         self._steps_here += 1
+        if self._steps_here == 1:
+            self._keep_alive()
         every = self.config.checkpoint_every
         if every and n % every == 0:
             self._due = True
@@ -365,6 +370,19 @@ class RavexRuntime:
             raise SystemExit(code)
         self._checkpoint_now(st, reason="interval")
 
+    def _keep_alive(self) -> None:
+        """Hold the training objects until exit, so the exit checkpoint can still save them.
+
+        The registry is weak, and a script whose model is a local of ``main()`` has
+        dropped it by the time ``atexit`` runs. Taken at the first step and at each
+        checkpoint: nothing per step.
+        """
+        from ravex._registry import KINDS
+
+        for kind in KINDS:
+            for obj in self.registry.live(kind):
+                self._keepalive.setdefault(id(obj), obj)
+
     def _loader_active(self) -> bool:
         for loader in self.registry.live("loaders"):
             st = loader.__dict__.get("_ravex_state")
@@ -390,6 +408,7 @@ class RavexRuntime:
                 self.backend.prepare_writes(self.resumed_from)
                 self._prepared_writes = True
             tree = _state.collect(self.registry, self.step, st)
+            self._keep_alive()
             metadata = {"reason": reason, "time": time.time(), "pid": self.pid,
                         "ravex": _version()}
             self.last_stall = self.backend.save(self.step, tree, metadata)

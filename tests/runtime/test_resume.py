@@ -93,3 +93,37 @@ def test_sigkill_during_a_write_resumes_from_previous_step(tmp_path, entry, work
     _, second = _kill_then_resume(tmp_path, entry, workers, reference, enabled,
                                       {"T_BLOCK_IN_WRITE": "3"}, "IN-WRITE")
     assert second.resumed_from == 2 * EVERY
+
+
+def test_sigterm_checkpoints_flushes_and_exits_143_then_resumes_bitwise(tmp_path, reference):
+    """SIGTERM mid-epoch: checkpoint at the next step boundary, flush, exit 128+15."""
+    ref, ref_state = reference(0)
+    _workdir(tmp_path, checkpoint_every=100)
+    argv = _argv("activate", None)
+    env = dict(T_ENTRY="activate", T_WORKERS="0")
+    first = harness.run(argv, tmp_path, harness.child_env(**env, T_BLOCK_AT="step:17"),
+                        send_signal_on=("BLOCKED", signal.SIGTERM))
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr
+    assert "checkpoint step 17" in first.stderr and "exiting with status 143" in first.stderr
+    assert len(first.losses) == 17
+
+    out = tmp_path / "final.pt"
+    second = harness.run(argv, tmp_path, harness.child_env(**env, T_OUT=str(out)))
+    assert second.returncode == 0 and second.resumed_from == 17, second.stderr
+    assert second.losses == ref.losses[17:]
+    harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+
+def test_finished_run_checkpoints_on_exit_and_a_rerun_passes_through(tmp_path, reference):
+    """The model is a local of main(): gone by atexit, yet the exit checkpoint has it."""
+    _, ref_state = reference(0)
+    _workdir(tmp_path, checkpoint_every=100)
+    argv = _argv("activate", None)
+    env = dict(T_ENTRY="activate", T_WORKERS="0")
+    first = harness.run(argv, tmp_path, harness.child_env(**env))
+    assert first.returncode == 0 and "checkpoint step 36" in first.stderr, first.stderr
+    out = tmp_path / "final.pt"
+    second = harness.run(argv, tmp_path, harness.child_env(**env, T_OUT=str(out)))
+    assert second.returncode == 0 and second.resumed_from == STEPS, second.stderr
+    assert second.losses == [] and second.stdout.count("EPOCH 2 DONE") == 1
+    harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
