@@ -31,6 +31,8 @@ except ImportError:  # pragma: no cover
     xxhash = None
 
 MAJOR = 1
+VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
+DECIMAL = re.compile(r"^(0|[1-9][0-9]*)$")
 OBJECT_NAME = re.compile(r"^[0-9a-f]{32}$")
 SEGMENT = re.compile(r"^[A-Za-z0-9._%-]+$")
 CHUNK_KEY = re.compile(r"^c(/[0-9]+)*$")
@@ -52,8 +54,8 @@ def load_json(path):
 
 
 def check_version(doc, where):
-    version = str(doc.get("version", ""))
-    if not version.partition(".")[0].isdigit() or int(version.partition(".")[0]) != MAJOR:
+    version = doc.get("version")
+    if not isinstance(version, str) or not VERSION.match(version) or int(version.partition(".")[0]) != MAJOR:
         raise FormatError(f"{where}: format version {version!r}; this reader reads {MAJOR}.x")
 
 
@@ -62,7 +64,7 @@ def complete_steps(root):
     found = []
     steps_dir = os.path.join(root, "steps")
     for name in os.listdir(steps_dir) if os.path.isdir(steps_dir) else []:
-        if not name.isdigit():
+        if not DECIMAL.match(name):
             continue
         try:
             first = load_json(os.path.join(steps_dir, name, "rank-0.json"))
@@ -70,7 +72,8 @@ def complete_steps(root):
             ranks = [load_json(os.path.join(steps_dir, name, f"rank-{r}.json")) for r in range(world)]
         except (OSError, ValueError, KeyError):
             continue
-        if all(m["world_size"] == first["world_size"] and m.get("run") == first.get("run") for m in ranks):
+        if all(m["world_size"] == first["world_size"] and m.get("run") == first.get("run")
+               and m["step"] == int(name) and m["rank"] == r for r, m in enumerate(ranks)):
             found.append(int(name))
     return sorted(found)
 
@@ -137,6 +140,9 @@ def read_array(root, path, meta, chunks):
     dtype = DTYPES[meta["data_type"]]
     shape, cshape = tuple(meta["shape"]), tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
     compressor = codec(meta["codecs"], path)
+    grid = [math.ceil(n / c) for n, c in zip(shape, cshape, strict=True)]
+    if len(chunks) != (math.prod(grid) if math.prod(shape) else 0) or min(cshape, default=1) < 1:
+        raise FormatError(f"tensor {path!r}: {len(chunks)} chunks for a grid of {grid}")  # before allocating
     fill = meta["fill_value"]
     out = np.full(shape, complex(*fill) if isinstance(fill, list) else fill, dtype)
     for key, ref in chunks.items():
@@ -155,8 +161,8 @@ def read_array(root, path, meta, chunks):
             raise FormatError(f"{where}: bytes do not match the digest {ref['raw']}")
         block = np.frombuffer(raw, dtype).reshape(cshape)
         index = tuple(int(i) for i in key.split("/")[1:])
-        if len(index) != len(shape):
-            raise FormatError(f"{where}: key does not match the array's {len(shape)} dimensions")
+        if len(index) != len(shape) or any(i >= g for i, g in zip(index, grid, strict=True)):
+            raise FormatError(f"{where}: key outside the array's chunk grid {grid}")
         region = tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(index, cshape, shape, strict=True))
         out[region] = block[tuple(slice(0, r.stop - r.start) for r in region)]  # crop edge chunks
     return out

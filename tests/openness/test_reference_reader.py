@@ -137,3 +137,30 @@ def test_rejects_unknown_major(tmp_path, zoo_zstd):
     (root / "ravex.json").write_text(json.dumps(doc))
     with pytest.raises(rr.FormatError, match=r"reads 1\.x"):
         rr.read_step(str(root))
+
+
+def _weight(m):
+    return m["arrays"]["model/weight"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda m: m["arrays"].__setitem__("../escape", m["arrays"].pop("count")), "unsafe array path"),
+        (lambda m: _weight(m)["chunks"]["c/0/0"].__setitem__("object", "../../ravex.json"), "bad object"),
+        (lambda m: _weight(m)["zarr"].__setitem__("shape", [10**9, 16]), "chunks for a grid"),
+        (lambda m: _weight(m)["chunks"].__setitem__("c/9/0", _weight(m)["chunks"].pop("c/1/0")), "outside"),
+    ],
+)
+def test_refuses_hostile_manifests(example_dir, tmp_path, edit, match):
+    import json
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(example_dir, root)
+    path = root / "steps" / "1" / "rank-0.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(rr.FormatError, match=match):
+        rr.read_step(str(root), 1)
