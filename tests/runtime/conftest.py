@@ -35,28 +35,32 @@ def reference(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session")
-def enabled_python(tmp_path_factory) -> str:
-    """A throwaway venv that sees our packages, with ``ravex enable`` run in it.
+def make_venv(directory: Path, enable: bool = True) -> str:
+    """A throwaway venv that sees our packages; ``ravex enable`` run in it if asked.
 
     The real venv is never enabled: ``ravex enable`` writes into the interpreter's own
     site-packages, and this interpreter's is a temporary directory.
     """
-    venv = tmp_path_factory.mktemp("enabled-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True)
+    python = str(directory / "bin" / "python")
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
     ours = sysconfig.get_paths()["purelib"]
     Path(purelib, "_outer_venv.pth").write_text(f"{ours}\n{harness.ROOT}\n")
-    env = harness.child_env()
-    out = subprocess.run([python, "-m", "ravex", "enable"], env=env, cwd=venv,
-                         check=True, capture_output=True, text=True)
-    assert purelib in out.stdout
+    if enable:
+        out = subprocess.run([python, "-m", "ravex", "enable"], env=harness.child_env(),
+                             cwd=directory, check=True, capture_output=True, text=True)
+        assert purelib in out.stdout
     assert not any(
         os.path.exists(os.path.join(d, "ravex-autoload.pth"))
         for d in (ours, sysconfig.get_paths()["platlib"])
     ), "the real venv must never be enabled"
     return python
+
+
+@pytest.fixture(scope="session")
+def enabled_python(tmp_path_factory) -> str:
+    """A session-wide throwaway venv with the autoloader installed."""
+    return make_venv(tmp_path_factory.mktemp("enabled-venv"))
