@@ -1,0 +1,537 @@
+"""``ravex inspect``: browse a checkpoint store — steps, tensors, diffs, validation.
+
+Every read happens in a thread worker; each worker carries the selection it was started for
+and its result is dropped when the selection has moved on (the stale-result guard), so the UI
+never waits on storage and never shows an answer to an old question.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, ProgressBar, Static, Tree
+
+from ravex.format import CheckpointStore, RavexError, StepReader, open_store
+from ravex.format.diff import TensorDiff
+from ravex.format.inspect import (
+    StepSummary,
+    change_order,
+    compare_tensor,
+    diff_steps,
+    summarize_steps,
+    validate_with_progress,
+)
+from ravex.format.validate import Finding
+
+from .model import (
+    Leaf,
+    compute_details,
+    diff_cells,
+    filter_leaves,
+    render_details,
+    render_side,
+    render_step,
+    render_value,
+    step_leaves,
+)
+from .widgets import DetailsPane, DiffPane, HelpScreen, StepsPane, TensorPane, TensorTree, ValidatePane
+
+#: Step readers kept in memory (a step of 10,000 tensors holds its parsed manifests).
+READER_CACHE = 4
+#: Steps summarised between two refreshes of the steps pane while a long listing loads.
+STEPS_BATCH = 16
+
+
+class InspectorApp(App[None]):
+    """The inspector over one store URL."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "ravex inspect"
+    BINDINGS: ClassVar = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("slash", "filter", "filter"),
+        Binding("d", "diff", "diff"),
+        Binding("m", "mark", "mark base", show=False),
+        Binding("v", "validate", "validate"),
+        Binding("i", "details", "details"),
+        Binding("escape", "back", "back", show=False),
+        Binding("r", "reload", "reload", show=False),
+    ]
+
+    mode: reactive[str] = reactive("details")
+
+    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+        super().__init__()
+        self.url = url
+        self.storage_options = storage_options
+        self.store: CheckpointStore | None = None
+        self.summaries: list[StepSummary] = []
+        self.step: int | None = None
+        self.base_step: int | None = None
+        self.leaves: list[Leaf] = []
+        self.leaf: Leaf | None = None
+        self.diff_pair: tuple[int, int] | None = None
+        self.diff_rows: list[TensorDiff] = []
+        self.findings: list[Finding] = []
+        self.validated = False
+        self.message: str | None = None
+        self._readers: OrderedDict[int, StepReader] = OrderedDict()
+        self._readers_lock = threading.Lock()
+        self._generation = 0  # bumped by every new diff or validation; older workers' results are dropped
+        self._pending_tensor: str | None = None
+
+    # ---- layout -------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", id="message")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield StepsPane(id="steps")
+                yield TensorPane(id="tensors")
+            with ContentSwitcher(initial="details", id="right"):
+                yield DetailsPane(id="details")
+                yield DiffPane(id="diff")
+                yield ValidatePane(id="validate")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.url
+        self.show_message("opening…")
+        self.query_one("#step-list").focus()
+        self.load_steps()
+
+    def show_message(self, text: str | None) -> None:
+        """A message over the whole main area (bad path, empty store); ``None`` hides it."""
+        self.message = text
+        box = self.query_one("#message", Static)
+        box.update(text or "")
+        box.display = bool(text)
+        self.query_one("#main").display = not text
+
+    def watch_mode(self, mode: str) -> None:
+        self.query_one("#right", ContentSwitcher).current = mode
+
+    # ---- steps ----------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="steps")
+    def load_steps(self) -> None:
+        try:
+            if self.store is None:
+                self.store = open_store(self.url, storage_options=self.storage_options)
+            got: list[StepSummary] = []
+            for summary in summarize_steps(self.store):
+                got.append(summary)
+                if len(got) % STEPS_BATCH == 0:
+                    self.call_from_thread(self._set_steps, list(got), False)
+            self.call_from_thread(self._set_steps, got, True)
+        except RavexError as exc:
+            self.call_from_thread(self.show_message, _store_problem(self.url, exc))
+        except Exception as exc:  # any storage failure is a message, never a traceback
+            self.call_from_thread(self.show_message, f"Cannot read {self.url!r}: {_one_line(exc)}")
+
+    def _set_steps(self, summaries: list[StepSummary], done: bool) -> None:
+        self.summaries = summaries
+        if not summaries:
+            if done:
+                self.show_message(
+                    f"{self.url}\n\nThis store has no steps yet. A training run writes its first checkpoint "
+                    "here; press r to look again, q to quit."
+                )
+            return
+        self.show_message(None)
+        self.query_one(StepsPane).set_steps(summaries)
+        if done and not any(s.complete for s in summaries):
+            self.notify("No step is complete yet: a run may be writing its first checkpoint.", severity="warning")
+
+    def on_steps_pane_chosen(self, event: StepsPane.Chosen) -> None:
+        s = event.summary
+        if s.step == self.step:
+            return
+        self.step = s.step
+        self.leaf = None
+        self.query_one(DetailsPane).show(render_step(s))
+        tree = self.query_one(TensorTree)
+        if not s.complete:
+            self.leaves = []
+            tree.set_leaves([])
+            return
+        self.load_step(s.step)
+
+    def reader(self, step: int) -> StepReader:
+        """A cached reader for a complete step (any thread)."""
+        with self._readers_lock:
+            r = self._readers.get(step)
+            if r is not None:
+                self._readers.move_to_end(step)
+                return r
+        assert self.store is not None
+        r = self.store.open_step(step)
+        with self._readers_lock:
+            self._readers[step] = r
+            while len(self._readers) > READER_CACHE:
+                self._readers.popitem(last=False)
+        return r
+
+    @work(thread=True, exclusive=True, group="step")
+    def load_step(self, step: int) -> None:
+        try:
+            leaves = step_leaves(self.reader(step))
+        except Exception as exc:
+            self.call_from_thread(self.notify, f"step_{step}: {_one_line(exc)}", severity="error")
+            return
+        self.call_from_thread(self._set_leaves, step, leaves)
+
+    def _set_leaves(self, step: int, leaves: list[Leaf]) -> None:
+        if step != self.step:
+            return  # stale: the user moved on
+        self.leaves = leaves
+        self._apply_filter()
+        if self._pending_tensor:
+            name, self._pending_tensor = self._pending_tensor, None
+            self.select_tensor(name)
+
+    def _apply_filter(self) -> None:
+        text = self.query_one("#filter", Input).value
+        self.query_one(TensorTree).set_leaves(filter_leaves(self.leaves, text), expand=bool(text.strip()))
+
+    # ---- tensors and details -----------------------------------------------------------------
+
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted[object]) -> None:
+        leaf = event.node.data
+        if not isinstance(leaf, Leaf) or self.step is None:
+            return
+        self.leaf = leaf
+        if self.mode != "details":
+            self.mode = "details"
+        if leaf.kind == "value":
+            self.show_value(self.step, leaf)
+        else:
+            self.load_details(self.step, leaf)
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected[object]) -> None:
+        self.on_tree_node_highlighted(event)  # type: ignore[arg-type]
+
+    @work(thread=True, exclusive=True, group="details")
+    def show_value(self, step: int, leaf: Leaf) -> None:
+        prev_step = self.query_one(StepsPane).previous_complete(step)
+        prev_value, has_prev = None, False
+        if prev_step is not None:
+            try:
+                from ravex.format.inspect import step_values
+
+                values = step_values(self.reader(prev_step))
+                has_prev = leaf.name in values
+                prev_value = values.get(leaf.name)
+            except Exception:
+                pass
+        text = render_value(leaf, step, prev_value, has_prev)
+        self.call_from_thread(self._show_details, step, leaf, text)
+
+    @work(thread=True, exclusive=True, group="details")
+    def load_details(self, step: int, leaf: Leaf) -> None:
+        assert leaf.path is not None
+        try:
+            reader = self.reader(step)
+            prev_step = self.query_one(StepsPane).previous_complete(step)
+            previous = self.reader(prev_step) if prev_step is not None else None
+            d = compute_details(reader, leaf.path, previous, stats=False)
+            width = self._details_width()
+            self.call_from_thread(self._show_details, step, leaf, render_details(d, width))
+            d = compute_details(reader, leaf.path, previous, stats=True)
+            self.call_from_thread(self._show_details, step, leaf, render_details(d, width))
+        except Exception as exc:
+            self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {_one_line(exc)}", "red"))
+
+    def _details_width(self) -> int:
+        return max(20, self.query_one(DetailsPane).size.width - 2)
+
+    def _show_details(self, step: int, leaf: Leaf, text: Text) -> None:
+        if step == self.step and leaf == self.leaf:
+            self.query_one(DetailsPane).show(text)
+
+    def select_tensor(self, name: str) -> bool:
+        """Open the tree down to ``name`` and put the cursor on it (clears the filter)."""
+        box = self.query_one("#filter", Input)
+        if box.value:
+            box.value = ""
+            self._apply_filter()
+        tree = self.query_one(TensorTree)
+        node = tree.find(name)
+        if node is None:
+            return False
+        tree.focus()
+        self.call_after_refresh(tree.move_cursor, node)  # once the opened groups have lines
+        return True
+
+    # ---- filter -------------------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        if self.message:
+            return
+        self.query_one(TensorPane).add_class("-filtering")
+        self.query_one("#filter", Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self._apply_filter()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            self.query_one(TensorTree).focus()
+
+    def action_back(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.has_focus:
+            box.value = ""
+            self.query_one(TensorPane).remove_class("-filtering")
+            self.query_one(TensorTree).focus()
+            return
+        self.mode = "details"
+
+    def action_details(self) -> None:
+        self.mode = "details"
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_reload(self) -> None:
+        self.load_steps()
+
+    # ---- diff ------------------------------------------------------------------------------------
+
+    def action_mark(self) -> None:
+        step = self.query_one(StepsPane).highlighted_step
+        if step is None:
+            return
+        self.base_step = step
+        self.notify(f"step_{step} marked: d diffs it against the highlighted step")
+
+    def action_diff(self) -> None:
+        """Diff the highlighted step against the marked base step, or against the previous step."""
+        steps = self.query_one(StepsPane)
+        b = self.step
+        if b is None or self.message:
+            return
+        a = self.base_step if self.base_step is not None and self.base_step != b else steps.previous_complete(b)
+        summary = steps.summary(b)
+        if a is None or summary is None or not summary.complete:
+            self.notify("Diff needs two complete steps: pick a later step, or mark a base with m.", severity="warning")
+            return
+        self._generation += 1
+        self.diff_pair = (a, b)
+        self.diff_rows = []
+        self.mode = "diff"
+        self.query_one("#diff-title", Static).update(Text(f"step_{a} → step_{b}: reading manifests…", "bold"))
+        self.query_one("#diff-table", DataTable).clear()
+        self.query_one("#diff-a", Static).update("")
+        self.query_one("#diff-b", Static).update("")
+        self.query_one("#diff-table", DataTable).focus()
+        self.run_diff(a, b, self._generation)
+
+    @work(thread=True, exclusive=True, group="diff")
+    def run_diff(self, a: int, b: int, generation: int) -> None:
+        try:
+            ra, rb = self.reader(a), self.reader(b)
+            result = diff_steps(ra, rb, stats=False)
+        except Exception as exc:
+            self.call_from_thread(self._diff_title, generation, Text(f"diff failed: {_one_line(exc)}", "red"))
+            return
+        rows = sorted((t for t in result.tensors if t.status != "unchanged"), key=change_order)
+        unchanged = len(result.tensors) - len(rows)
+        values = [v for v in result.values if v.status != "unchanged"]
+        self.call_from_thread(self._diff_rows, generation, list(rows))
+        for i, td in enumerate(rows):
+            if generation != self._generation:
+                return
+            if td.status != "changed":
+                continue
+            try:
+                rows[i] = compare_tensor(ra, rb, td)
+            except Exception as exc:
+                self.call_from_thread(self.notify, f"{td.name}: {_one_line(exc)}", severity="error")
+                continue
+            self.call_from_thread(self._diff_progress, generation, i + 1, len(rows))
+        rows.sort(key=change_order)
+        title = Text(f"step_{a} → step_{b}: ", style="bold")
+        title.append(f"{len(rows)} changed, {unchanged} unchanged")
+        if values:
+            title.append("\nvalues: " + ", ".join(f"{v.name} {v.a!r}→{v.b!r}" for v in values[:3]), style="cyan")
+        self.call_from_thread(self._diff_rows, generation, rows)
+        self.call_from_thread(self._diff_title, generation, title)
+
+    def _diff_rows(self, generation: int, rows: list[TensorDiff]) -> None:
+        if generation != self._generation:
+            return
+        self.diff_rows = rows
+        table = self.query_one("#diff-table", DataTable)
+        cursor = table.cursor_row
+        table.clear()
+        for i, td in enumerate(rows):
+            table.add_row(*diff_cells(td), key=str(i))
+        if rows:
+            table.move_cursor(row=min(cursor, len(rows) - 1))
+
+    def _diff_progress(self, generation: int, done: int, total: int) -> None:
+        if generation == self._generation and self.diff_pair:
+            a, b = self.diff_pair
+            self.query_one("#diff-title", Static).update(Text(f"step_{a} → step_{b}: measuring {done}/{total}…"))
+
+    def _diff_title(self, generation: int, text: Text) -> None:
+        if generation == self._generation:
+            self.query_one("#diff-title", Static).update(text)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "validate-table" and event.row_key.value is not None:
+            i = int(event.row_key.value)
+            if i < len(self.findings):
+                self.query_one("#validate-message", Static).update(Text(self.findings[i].message))
+            return
+        if event.data_table.id == "diff-table" and self.diff_pair and event.row_key.value is not None:
+            i = int(event.row_key.value)
+            if i < len(self.diff_rows):
+                self.load_sides(self.diff_pair, self.diff_rows[i].name)
+
+    @work(thread=True, exclusive=True, group="diff-sides")
+    def load_sides(self, pair: tuple[int, int], path: str) -> None:
+        a, b = pair
+        texts = []
+        for step in (a, b):
+            reader = self.reader(step)
+            if path not in reader.arrays:
+                texts.append(Text(f"step_{step}: no such tensor", "dim"))
+                continue
+            try:
+                other = self.reader(a if step == b else b)
+                d = compute_details(reader, path, other if step == b else None, stats=True)
+                texts.append(render_side(d))
+            except Exception as exc:
+                texts.append(Text(_one_line(exc), "red"))
+        self.call_from_thread(self._show_sides, pair, texts)
+
+    def _show_sides(self, pair: tuple[int, int], texts: list[Text]) -> None:
+        if pair == self.diff_pair and self.mode == "diff":
+            self.query_one("#diff-a", Static).update(texts[0])
+            self.query_one("#diff-b", Static).update(texts[1])
+
+    # ---- validate -----------------------------------------------------------------------------------
+
+    def action_validate(self) -> None:
+        if self.store is None:
+            return
+        self._generation += 1
+        self.findings = []
+        self.validated = False
+        self.mode = "validate"
+        self.query_one("#validate-title", Static).update(Text("validating (rehashing every object)…", "bold"))
+        self.query_one("#validate-table", DataTable).clear()
+        self.query_one("#validate-message", Static).update("")
+        bar = self.query_one("#validate-progress", ProgressBar)
+        bar.update(total=None, progress=0)
+        self.query_one("#validate-table", DataTable).focus()
+        self.run_validate(self._generation)
+
+    @work(thread=True, exclusive=True, group="validate")
+    def run_validate(self, generation: int) -> None:
+        assert self.store is not None
+        last = [-1]
+
+        def progress(done: int, total: int, what: str) -> None:
+            step = max(1, total // 100)
+            if done == total or done - last[0] >= step:
+                last[0] = done
+                self.call_from_thread(self._set_validation_progress, generation, done, total)
+
+        try:
+            report = validate_with_progress(self.store, full=True, progress=progress)
+        except Exception as exc:
+            failed = Text(f"validation failed: {_one_line(exc)}", "red")
+            self.call_from_thread(self._set_validation_title, generation, failed)
+            return
+        self.call_from_thread(self._set_validation_done, generation, report)
+
+    def _set_validation_progress(self, generation: int, done: int, total: int) -> None:
+        if generation == self._generation:
+            self.query_one("#validate-progress", ProgressBar).update(total=total or None, progress=done)
+
+    def _set_validation_title(self, generation: int, text: Text) -> None:
+        if generation == self._generation:
+            self.query_one("#validate-title", Static).update(text)
+
+    def _set_validation_done(self, generation: int, report: Any) -> None:
+        if generation != self._generation:
+            return
+        errors = [f for f in report.findings if f.severity == "error"]
+        self.findings = errors + [f for f in report.findings if f.severity != "error"]
+        self.validated = True
+        bar = self.query_one("#validate-progress", ProgressBar)
+        bar.update(total=max(1, report.objects_checked), progress=max(1, report.objects_checked))
+        title = Text()
+        if report.ok:
+            title.append("✓ ok", style="bold green")
+        else:
+            title.append(f"✗ {len(errors)} errors", style="bold red")
+        title.append(f": {len(report.steps_checked)} steps, {report.objects_checked} objects rehashed, "
+                     f"{len(self.findings) - len(errors)} warnings")
+        self.query_one("#validate-title", Static).update(title)
+        table = self.query_one("#validate-table", DataTable)
+        table.clear()
+        for i, f in enumerate(self.findings):
+            style = "red" if f.severity == "error" else "yellow"
+            table.add_row(
+                Text(f.severity, style=style), f.kind, "" if f.step is None else f"step_{f.step}",
+                _display(f.tensor), f.chunk or "", key=str(i),
+            )
+        if self.findings:
+            self.query_one("#validate-message", Static).update(Text(self.findings[0].message))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "validate-table" and event.row_key.value is not None:
+            finding = self.findings[int(event.row_key.value)]
+            if finding.tensor and finding.step is not None:
+                self.open_tensor(finding.step, _display(finding.tensor))
+
+    def open_tensor(self, step: int, name: str) -> None:
+        """Go to ``step`` and put the tree cursor on tensor ``name`` (used by validate findings)."""
+        steps = self.query_one(StepsPane)
+        summary = steps.summary(step)
+        if summary is None or not summary.complete:
+            self.notify(f"step_{step} is not complete: its tensors cannot be opened", severity="warning")
+            return
+        self.mode = "details"
+        if self.step == step and self.leaves:
+            self.select_tensor(name)
+            return
+        self._pending_tensor = name
+        steps.highlight(step)
+
+
+def _display(tensor: str | None) -> str:
+    from ravex.format.inspect import display_path
+
+    return display_path(tensor) if tensor else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _store_problem(url: str, exc: Exception) -> str:
+    from ravex.format import StoreNotFoundError
+
+    if isinstance(exc, StoreNotFoundError):
+        return (f"{url}\n\nis not a Ravex store (it has no ravex.json). Pass the folder or URL a training run "
+                "writes its checkpoints to: ravex inspect PATH, or set storage in ravex.yaml.\n\nq quits.")
+    return f"{url}\n\ncannot be read: {_one_line(exc)}\n\nq quits."
+
+
+__all__ = ["InspectorApp"]

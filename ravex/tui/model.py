@@ -1,0 +1,254 @@
+"""What the inspector shows, computed without Textual: leaves of a step, details, rows.
+
+Workers call the ``compute_*`` functions off the UI thread; widgets only place what the
+``render_*`` functions return (Rich ``Text``), so tests can call both directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.text import Text
+
+from ravex.format import StepReader
+from ravex.format.diff import TensorDiff
+from ravex.format.inspect import (
+    ChunkShare,
+    StepSummary,
+    TensorStats,
+    chunk_sharing,
+    display_path,
+    dtype_name,
+    read_tensor_stats,
+    step_values,
+)
+
+from .formatting import (
+    bar,
+    change_style,
+    chunk_map,
+    histogram_lines,
+    human_bytes,
+    number,
+    percent,
+    shape_text,
+    short_time,
+)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One entry of the tensor tree: a tensor (``path`` is its array path) or a plain value."""
+
+    name: str  # the user's path, segments unescaped: "model/layer.0.weight"
+    kind: str  # tensor | value
+    path: str | None = None
+    value: Any = None
+
+    @property
+    def group(self) -> str:
+        return self.name.split("/", 1)[0]
+
+
+def step_leaves(reader: StepReader) -> list[Leaf]:
+    """Every tensor (all ranks) and every plain value (rank 0) of a step, sorted by name."""
+    leaves = [Leaf(display_path(p), "tensor", p) for p in reader.arrays]
+    try:
+        values = step_values(reader)
+    except Exception:  # a tree that does not decode still lists its tensors
+        values = {}
+    leaves.extend(Leaf(name, "value", None, v) for name, v in values.items())
+    return sorted(leaves, key=lambda leaf: leaf.name)
+
+
+def filter_leaves(leaves: list[Leaf], text: str) -> list[Leaf]:
+    """Leaves whose name contains every space-separated word of ``text`` (case-insensitive)."""
+    words = text.lower().split()
+    if not words:
+        return leaves
+    return [leaf for leaf in leaves if all(w in leaf.name.lower() for w in words)]
+
+
+def children(leaves: list[Leaf], prefix: str) -> list[tuple[str, Leaf | None, int]]:
+    """The next level under ``prefix`` (``""`` for the top): ``(segment, leaf or None, count)``.
+
+    A segment is a leaf when exactly one leaf ends there; otherwise a group of ``count`` leaves.
+    ``leaves`` must be sorted by name. Computed on demand, so a tree of 10,000 tensors only
+    ever builds the nodes that are open.
+    """
+    out: list[tuple[str, Leaf | None, int]] = []
+    start = f"{prefix}/" if prefix else ""
+    index: dict[str, int] = {}
+    for leaf in leaves:
+        if not leaf.name.startswith(start):
+            continue
+        rest = leaf.name[len(start):]
+        seg, _, tail = rest.partition("/")
+        if seg in index:
+            i = index[seg]
+            s, _, n = out[i]
+            out[i] = (s, None, n + 1)
+        else:
+            index[seg] = len(out)
+            out.append((seg, None if tail else leaf, 1))
+    return out
+
+
+# ---- steps pane --------------------------------------------------------------------------------
+
+
+def step_row(s: StepSummary, max_new: int, width: int = 10) -> Text:
+    """One line of the steps pane: ``step_300 ███▌  16.0 KiB``; incomplete steps marked."""
+    label = Text(f"step_{s.step}".ljust(10), style="bold" if s.complete else "dim")
+    if not s.complete:
+        label.append("✗ incomplete", style="yellow")
+        return label
+    label.append(bar(s.new_bytes, max_new, width), style="green")
+    label.append(f" +{human_bytes(s.new_bytes)}")
+    return label
+
+
+def render_step(s: StepSummary) -> Text:
+    """The details pane for a step (no tensor selected yet)."""
+    t = Text()
+    t.append(f"step_{s.step}\n", style="bold")
+    if not s.complete:
+        t.append(f"incomplete: {s.problem}\n", style="yellow")
+        t.append("Readers ignore this step; a writer may still be working on it.\n")
+    t.append(f"written   {short_time(s.created_at)}\n")
+    t.append(f"ranks     {len(s.ranks)}" + (f" of {s.world_size}" if s.world_size else "") + "\n")
+    t.append(f"tensors   {s.tensors}\n")
+    t.append(f"logical   {human_bytes(s.logical_bytes)}\n")
+    t.append(f"written   {human_bytes(s.new_bytes)} new, {human_bytes(s.reused_bytes)} reused "
+             f"({percent(s.reuse_ratio)})\n")
+    t.append("\nPick a tensor on the left (tab, arrows, enter).", style="dim")
+    return t
+
+
+# ---- tensor details ----------------------------------------------------------------------------
+
+
+@dataclass
+class TensorDetails:
+    """Everything the details pane shows for one tensor of one step."""
+
+    step: int
+    name: str
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunk_shape: tuple[int, ...]
+    stored_bytes: int
+    logical_bytes: int
+    previous: int | None
+    shares: list[ChunkShare] = field(default_factory=list)
+    stats: TensorStats | None = None
+    error: str | None = None
+
+
+def compute_details(reader: StepReader, path: str, previous: StepReader | None, stats: bool = True) -> TensorDetails:
+    """Metadata, chunk sharing with ``previous`` and (``stats=True``) statistics of one tensor."""
+    e = reader.arrays[path]
+    dt = dtype_name(e)
+    try:
+        import numpy as np
+
+        itemsize = np.dtype(dt).itemsize
+    except TypeError:
+        itemsize = 0
+    d = TensorDetails(
+        reader.step, display_path(path), path, e.shape, dt, e.chunk_shape, e.stored_bytes(),
+        math.prod(e.shape) * itemsize, previous.step if previous else None,
+        chunk_sharing(e, previous.arrays.get(path) if previous else None),
+    )
+    if stats:
+        try:
+            d.stats = read_tensor_stats(reader, path)
+        except Exception as exc:  # corrupt chunks: show why, do not crash
+            d.error = " ".join(str(exc).split())
+    return d
+
+
+def render_details(d: TensorDetails, width: int = 40, hist: bool = True) -> Text:
+    """The details pane for one tensor."""
+    t = Text()
+    t.append(f"{d.name}\n", style="bold")
+    t.append(f"step_{d.step}  {shape_text(d.shape)}  {d.dtype}\n")
+    t.append(f"chunks    {len(d.shares)} of {shape_text(d.chunk_shape)}\n")
+    t.append(f"stored    {human_bytes(d.stored_bytes)} / logical {human_bytes(d.logical_bytes)}\n")
+    counts = {k: sum(1 for s in d.shares if s.status == k) for k in ("shared", "changed", "new")}
+    if d.previous is None:
+        t.append("first step: every chunk is new\n", style="dim")
+    else:
+        t.append(f"vs step_{d.previous}: ")
+        t.append(f"{counts['shared']} shared", style="green")
+        t.append(f", {counts['changed']} changed", style="yellow" if counts["changed"] else "")
+        t.append(f", {counts['new']} new\n", style="magenta" if counts["new"] else "")
+    t.append("chunk map ", style="dim")
+    t.append(chunk_map([s.status for s in d.shares], max(8, width - 10)) + "\n", style="cyan")
+    t.append("          █ written  ░ shared\n", style="dim")
+    if d.error:
+        t.append(f"\ncannot read: {d.error}\n", style="bold red")
+        return t
+    s = d.stats
+    if s is None:
+        t.append("\ncomputing statistics…\n", style="dim italic")
+        return t
+    t.append("\n")
+    t.append(f"min  {number(s.min):>11}   max {number(s.max):>11}\n")
+    t.append(f"mean {number(s.mean):>11}   std {number(s.std):>11}\n")
+    t.append(f"L2   {number(s.l2):>11}   ")
+    bad = s.nan + s.inf
+    t.append(f"NaN {s.nan} Inf {s.inf}\n", style="bold red" if bad else "")
+    if hist:
+        for line in histogram_lines(s.hist_counts, s.hist_edges, width=max(4, width - 30)):
+            t.append(line + "\n", style="blue")
+    return t
+
+
+def render_side(d: TensorDetails) -> Text:
+    """One side of a diff: the step's statistics of the tensor, compact enough for half a pane."""
+    t = Text()
+    t.append(f"step_{d.step}\n", style="bold")
+    if d.error:
+        t.append(f"cannot read: {d.error}\n", style="bold red")
+        return t
+    s = d.stats
+    if s is None:
+        t.append("computing…\n", style="dim italic")
+        return t
+    for label, value in (("min", s.min), ("max", s.max), ("mean", s.mean), ("std", s.std), ("L2", s.l2)):
+        t.append(f"{label:<5}{number(value):>11}\n")
+    t.append(f"NaN {s.nan} Inf {s.inf}\n", style="bold red" if s.nan + s.inf else "dim")
+    return t
+
+
+def render_value(leaf: Leaf, step: int, previous_value: Any = None, has_previous: bool = False) -> Text:
+    t = Text()
+    t.append(f"{leaf.name}\n", style="bold")
+    t.append(f"step_{step}  {type(leaf.value).__name__}\n")
+    t.append(f"\n{leaf.value!r}\n", style="cyan")
+    if has_previous:
+        same = previous_value == leaf.value
+        t.append(f"\nprevious: {previous_value!r}", style="dim" if same else "yellow")
+    return t
+
+
+# ---- diff ------------------------------------------------------------------------------------------
+
+
+def diff_cells(td: TensorDiff) -> tuple[Text, ...]:
+    """The cells of one diff-table row, coloured by the size of the change."""
+    style = change_style(td.rel_l2, td.status)
+    rel = td.rel_l2 if td.rel_l2 is not None else None
+    return (
+        Text(display_path(td.name), style=style),
+        Text(number(rel) if rel is not None else "…" if td.status == "changed" else td.status,
+             style=style, justify="right"),
+        Text(f"{td.chunks_changed}/{td.chunks_total}", justify="right"),
+        Text(number(td.max_abs), justify="right"),
+        Text(number(td.cosine, 6), justify="right"),
+        Text(td.status, style=style),
+    )

@@ -1,0 +1,250 @@
+"""The inspector's widgets: small, each owning one pane. Layout lives in ``app.tcss``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Input, OptionList, ProgressBar, Static, Tree
+from textual.widgets.option_list import Option
+from textual.widgets.tree import TreeNode
+
+from ravex.format.inspect import StepSummary
+
+from .formatting import sparkline
+from .model import Leaf, children, step_row
+
+#: Tree nodes opened by a filter at most; more matches stay collapsed (still lazily expandable).
+FILTER_EXPAND_MAX = 200
+
+
+class StepsPane(Vertical):
+    """Steps with the bytes each one added: a sparkline over the run and one bar per step."""
+
+    class Chosen(Message):
+        def __init__(self, summary: StepSummary) -> None:
+            self.summary = summary
+            super().__init__()
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.summaries: list[StepSummary] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="spark")
+        yield OptionList(id="step-list")
+
+    def on_mount(self) -> None:
+        self.border_title = "steps"
+
+    def set_steps(self, summaries: list[StepSummary]) -> None:
+        """Replace the list; keeps the highlighted step when it is still there."""
+        options = self.query_one(OptionList)
+        keep = self.highlighted_step
+        self.summaries = list(summaries)
+        top = max((s.new_bytes for s in self.summaries if s.complete), default=0)
+        options.clear_options()
+        options.add_options([Option(step_row(s, top), id=str(s.step)) for s in self.summaries])
+        self._draw_sparkline()
+        if not self.summaries:
+            return
+        complete = [s.step for s in self.summaries if s.complete]
+        self.border_subtitle = f"{len(complete)} complete" + (
+            f", {len(self.summaries) - len(complete)} incomplete" if len(complete) < len(self.summaries) else ""
+        )
+        target = keep if keep is not None else (complete[-1] if complete else self.summaries[-1].step)
+        self.highlight(target)
+
+    def _draw_sparkline(self) -> None:
+        width = self.content_size.width - 8
+        spark = sparkline([s.new_bytes for s in self.summaries], width=width if width > 4 else None)
+        self.query_one("#spark", Static).update(Text.assemble(("added ", "dim"), (spark, "green")))
+
+    def on_resize(self) -> None:
+        if self.summaries:
+            self._draw_sparkline()
+
+    @property
+    def highlighted_step(self) -> int | None:
+        options = self.query_one(OptionList)
+        if options.highlighted is None or options.option_count == 0:
+            return None
+        return int(options.get_option_at_index(options.highlighted).id or 0)
+
+    def highlight(self, step: int) -> None:
+        options = self.query_one(OptionList)
+        for i, s in enumerate(self.summaries):
+            if s.step == step:
+                options.highlighted = i
+                return
+
+    def summary(self, step: int) -> StepSummary | None:
+        return next((s for s in self.summaries if s.step == step), None)
+
+    def previous_complete(self, step: int) -> int | None:
+        older = [s.step for s in self.summaries if s.complete and s.step < step]
+        return older[-1] if older else None
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        event.stop()
+        s = self.summary(int(event.option.id or 0))
+        if s is not None:
+            self.post_message(self.Chosen(s))
+
+
+class TensorTree(Tree[object]):
+    """The state tree of a step, grouped by top-level key, built lazily as nodes open."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("state", **kwargs)
+        self.show_root = False
+        self.guide_depth = 2
+        self.leaves: list[Leaf] = []
+
+    def set_leaves(self, leaves: list[Leaf], expand: bool = False) -> None:
+        self.clear()
+        self.leaves = leaves
+        self.root.data = ""
+        self._populate(self.root)
+        if expand and len(leaves) <= FILTER_EXPAND_MAX:
+            self._expand_all(self.root)
+        self.root.expand()
+        self.cursor_line = 0 if leaves else -1
+
+    def _populate(self, node: TreeNode[object]) -> None:
+        if node.children or not isinstance(node.data, str):
+            return
+        for seg, leaf, count in children(self.leaves, node.data):
+            prefix = f"{node.data}/{seg}" if node.data else seg
+            if leaf is not None:
+                label = Text(seg)
+                if leaf.kind == "value":
+                    label.append(f" = {_short(leaf.value)}", style="cyan")
+                node.add_leaf(label, data=leaf)
+            else:
+                node.add(Text.assemble((seg, "bold"), (f" ({count})", "dim")), data=prefix)
+
+    def _expand_all(self, node: TreeNode[object]) -> None:
+        for child in node.children:
+            if isinstance(child.data, str):
+                self._populate(child)
+                child.expand()
+                self._expand_all(child)
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded[object]) -> None:
+        self._populate(event.node)
+
+    def find(self, name: str) -> TreeNode[object] | None:
+        """Open the groups down to the leaf ``name`` and return its node (None if absent)."""
+        node = self.root
+        parts = name.split("/")
+        for i in range(len(parts)):
+            self._populate(node)
+            prefix = "/".join(parts[: i + 1])
+            nxt = next(
+                (c for c in node.children
+                 if (isinstance(c.data, Leaf) and c.data.name == prefix) or c.data == prefix),
+                None,
+            )
+            if nxt is None:
+                return None
+            if isinstance(nxt.data, Leaf):
+                return nxt
+            nxt.expand()
+            node = nxt
+        return None
+
+
+def _short(value: object, n: int = 24) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class TensorPane(Vertical):
+    """The filter box (opened with ``/``) over the tensor tree."""
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter tensors (enter to keep, esc to clear)", id="filter")
+        yield TensorTree(id="tree")
+
+    def on_mount(self) -> None:
+        self.border_title = "tensors"
+
+
+class DetailsPane(VerticalScroll):
+    """Metadata, chunk map, statistics and histogram of the selected tensor (or the step)."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="details-body")
+
+    def on_mount(self) -> None:
+        self.border_title = "details"
+
+    def show(self, text: Text | str) -> None:
+        self.query_one("#details-body", Static).update(text)
+
+
+class DiffPane(Vertical):
+    """Changed tensors sorted by relative change, coloured by magnitude, and the two sides of one."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="diff-title")
+        table: DataTable = DataTable(id="diff-table", cursor_type="row", zebra_stripes=True)
+        table.add_columns("tensor", "Δ rel", "chunks", "max|a-b|", "cosine", "status")
+        yield table
+        with Horizontal(id="diff-sides"):
+            yield Static("", id="diff-a", classes="side")
+            yield Static("", id="diff-b", classes="side")
+
+    def on_mount(self) -> None:
+        self.border_title = "diff"
+
+
+class ValidatePane(Vertical):
+    """Validator progress and its findings; selecting one opens the tensor it names."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="validate-title")
+        yield ProgressBar(id="validate-progress", show_eta=False)
+        table: DataTable = DataTable(id="validate-table", cursor_type="row", zebra_stripes=True)
+        table.add_columns("severity", "kind", "step", "tensor", "chunk")
+        yield table
+        yield Static("", id="validate-message")
+
+    def on_mount(self) -> None:
+        self.border_title = "validate"
+
+
+HELP = """\
+[b]ravex inspect[/b] — browse a checkpoint store
+
+[b]↑ ↓ / mouse[/b]  move in the focused pane
+[b]tab[/b]          next pane (steps → tensors → right pane)
+[b]enter[/b]        open a group / select a row
+[b]/[/b]            filter tensors by name (esc clears)
+[b]d[/b]            diff this step against the marked step, or the previous one
+[b]m[/b]            mark the highlighted step as the diff base
+[b]v[/b]            validate the store (rehash every object)
+[b]i[/b] / [b]esc[/b]      back to details
+[b]r[/b]            reload the step list (a run may still be writing)
+[b]?[/b]            this help        [b]q[/b]  quit
+
+Steps pane: the bar is the bytes each step added; ✗ marks incomplete steps.
+Chunk map: █ chunk written by this step, ░ shared with the previous step.
+Diff colours: [red]red[/] ≥ 10% relative change, [yellow]yellow[/] ≥ 0.1%, [green]green[/] smaller.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+    def on_click(self) -> None:
+        self.dismiss()

@@ -1,0 +1,219 @@
+"""The inspector driven headless through the Pilot, on stores written by the format."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+
+import pytest
+from stores import corrupt_object_of, write_run
+
+from ravex.format import open_store
+from ravex.tui.app import InspectorApp
+from ravex.tui.widgets import StepsPane, TensorTree
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def aio(fn):
+    """Run an async test with asyncio.run (no async pytest plugin needed)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+async def settle(pilot) -> None:
+    """Until no worker runs and every message they posted is handled (workers start workers)."""
+    app = pilot.app
+    for _ in range(20):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not any(w.is_running for w in app.workers):
+            await pilot.pause()
+            if not any(w.is_running for w in app.workers):
+                return
+    raise AssertionError("workers never settled")
+
+
+def details_text(app: InspectorApp) -> str:
+    return str(app.query_one("#details-body").render())
+
+
+@aio
+async def test_opens_on_latest_complete_step_and_navigates(run_store):
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert [s.step for s in app.summaries] == [100, 200, 300, 400]
+        assert app.step == 300  # the newest complete one, not the half-written 400
+        assert "step_300" in details_text(app) and "reused" in details_text(app)
+        await pilot.press("down")  # to the incomplete step: marked, no tensors, no crash
+        await settle(pilot)
+        assert app.step == 400 and app.query_one(TensorTree).leaves == []
+        assert "incomplete" in details_text(app)
+        await pilot.press("up", "up")
+        await settle(pilot)
+        assert app.step == 200
+        groups = [str(n.label).split(" ")[0] for n in app.query_one(TensorTree).root.children]
+        assert groups == ["data", "model", "optimizer", "rng", "scheduler"]
+        await pilot.press("tab", "down", "enter")  # into the tree, open "model"
+        await settle(pilot)
+        await pilot.press("down")
+        await settle(pilot)
+        assert app.leaf is not None and app.leaf.name == "model/embed.weight"
+        text = details_text(app)
+        assert "64×32" in text and "vs step_100: 1 shared, 1 changed, 0 new" in text
+        assert "L2" in text and "NaN 0 Inf 0" in text
+        want = open_store(run_store).read(200)["model"]["embed.weight"]
+        assert f"{want.astype('float64').max():.4g}" in text
+
+
+@aio
+async def test_filter_narrows_the_tree_and_escape_clears_it(run_store):
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        await pilot.press(*"attn weight")
+        await settle(pilot)
+        tree = app.query_one(TensorTree)
+        assert [leaf.name for leaf in tree.leaves] == ["model/layers.0.attn.weight", "model/layers.1.attn.weight"]
+        await pilot.press("enter")  # keep the filter, go to the (expanded) tree
+        assert tree.has_focus
+        await pilot.press("down")  # past "model"
+        await settle(pilot)
+        assert app.leaf is not None and app.leaf.name == "model/layers.0.attn.weight"
+        await pilot.press("slash", "escape")
+        await settle(pilot)
+        assert len(tree.leaves) == 16 and tree.has_focus
+
+
+@aio
+async def test_diff_previous_step_sorted_by_relative_change(run_store):
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("d")
+        await settle(pilot)
+        assert app.mode == "diff" and app.diff_pair == (200, 300)
+        names = [t.name for t in app.diff_rows]
+        assert names[0] == "optimizer/state/0/exp_avg"  # from zeros: infinite relative change first
+        rel = [t.rel_l2 for t in app.diff_rows[1:]]
+        assert rel == sorted(rel, reverse=True) and all(r is not None and r > 0 for r in rel)
+        assert "model/frozen.table" not in names
+        title = str(app.query_one("#diff-title").render())
+        assert "4 changed, 5 unchanged" in title and "lr" in title
+        await pilot.press("down")  # second row: its two sides, side by side
+        await settle(pilot)
+        assert "step_200" in str(app.query_one("#diff-a").render())
+        assert "step_300" in str(app.query_one("#diff-b").render())
+        await pilot.press("escape")
+        assert app.mode == "details"
+
+
+@aio
+async def test_diff_against_a_marked_step(run_store):
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("up", "up", "m", "down", "down")
+        await settle(pilot)
+        await pilot.press("d")
+        await settle(pilot)
+        assert app.diff_pair == (100, 300)
+        await pilot.press("up")  # from step_100, with nothing marked before it: no diff, a notice
+        await settle(pilot)
+
+
+@aio
+async def test_validate_finds_a_corrupted_chunk_and_opens_its_tensor(run_store):
+    corrupt_object_of(run_store, "model/head.weight", step=300)
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        await settle(pilot)
+        assert app.mode == "validate" and app.validated
+        bad = [f for f in app.findings if f.kind == "hash_mismatch"]
+        assert len(bad) == 1 and app.findings[0] is bad[0]  # errors first
+        assert "✗ 1 errors" in str(app.query_one("#validate-title").render())
+        assert bad[0].tensor in open_store(run_store).open_step(bad[0].step).arrays
+        await pilot.press("enter")  # open the tensor the finding names
+        await settle(pilot)
+        assert app.mode == "details" and app.step == bad[0].step
+        assert app.leaf is not None and app.leaf.path == bad[0].tensor
+        if bad[0].tensor == "model/head.weight":
+            assert "cannot read" in details_text(app)  # reading it hits the corrupt bytes
+
+
+@aio
+async def test_help_opens_and_closes(run_store):
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        assert app.screen.__class__.__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert app.screen.__class__.__name__ != "HelpScreen"
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+@pytest.mark.parametrize("kind", ["missing", "not_a_store", "empty", "only_incomplete"])
+@aio
+async def test_bad_input_shows_a_message_not_a_traceback(tmp_path: Path, kind: str):
+    path = tmp_path / "x"
+    if kind == "not_a_store":
+        path.mkdir()
+        (path / "data.bin").write_bytes(b"\0" * 10)
+    elif kind == "empty":
+        open_store(path, create=True)
+    elif kind == "only_incomplete":
+        write_run(path, steps=(), incomplete=5)
+    app = InspectorApp(str(path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        if kind == "only_incomplete":
+            assert app.message is None and app.step == 5
+            assert "incomplete" in details_text(app)
+            await pilot.press("d", "v")  # nothing to diff; validation still runs
+            await settle(pilot)
+            assert [f.kind for f in app.findings] == ["incomplete_step"]
+        else:
+            assert app.message is not None
+            assert ("no steps yet" if kind == "empty" else "not a Ravex store") in app.message
+            await pilot.press("d", "v", "slash", "r")
+            await settle(pilot)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+@aio
+async def test_many_tensors_build_only_open_nodes(tmp_path: Path):
+    import numpy as np
+
+    store = open_store(tmp_path / "big", create=True)
+    state = {"model": {f"blocks.{i}": {"w": np.full(2, i, "float32"), "b": np.zeros(1, "float32")}
+                       for i in range(600)}, "step": 1}
+    with store.writer() as w:
+        w.commit(1, state)
+        state["model"]["blocks.7"]["w"] += 1
+        w.commit(2, state)
+    app = InspectorApp(str(tmp_path / "big"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        tree = app.query_one(TensorTree)
+        assert len(tree.leaves) == 1201
+        assert [c.data for c in tree.root.children] == ["model", tree.root.children[1].data]
+        assert all(not c.children for c in tree.root.children)  # nothing below the top built yet
+        assert app.select_tensor("model/blocks.599/w")
+        await settle(pilot)
+        assert app.leaf is not None and app.leaf.name == "model/blocks.599/w"
+        assert app.query_one(StepsPane).highlighted_step == 2
+        await pilot.press("d")
+        await settle(pilot)
+        assert [t.name for t in app.diff_rows] == ["model/blocks.7/w"]
