@@ -7,11 +7,10 @@ chunks in objects as ``["{{u}}/objects/ab/abcd...", offset, size]``. The templat
 ``u`` is the store root; the file records ``"."`` (the working directory), and a
 reader anywhere else passes the store's location::
 
-    import fsspec, zarr
-    root = "/data/ckpt"          # or "s3://bucket/ckpt"
-    fs = fsspec.filesystem("reference", fo=f"{root}/steps/100/refs.json",
-                           template_overrides={"u": root}, asynchronous=True)
-    group = zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True), mode="r")
+    import zarr                  # with fsspec, which serves "reference://"
+    root = "/data/ckpt"          # or "s3://bucket/ckpt"; "." inside the store
+    group = zarr.open_group("reference://", mode="r", storage_options={
+        "fo": f"{root}/steps/100/refs.json", "template_overrides": {"u": root}})
 
 The file is derived from the manifests; it adds nothing they do not say, so a
 missing or stale ``refs.json`` never makes a step unreadable by Ravex.
@@ -67,7 +66,8 @@ def write_refs(store: CheckpointStore, step: int) -> str:
 
     Deterministic and idempotent: calling it again (from another rank, after a retry)
     writes the same bytes, and skips the write when the file already holds them.
-    The write is atomic (``Storage.write``), so a reader never sees half a file.
+    The write is atomic (``Storage.write``), so a reader never sees half a file; it is
+    not synced further, since a lost ``refs.json`` loses nothing the manifests lack.
     """
     key = refs_key(int(step))
     data = json.dumps(step_refs(store, int(step)), separators=(",", ":"), sort_keys=True).encode() + b"\n"
@@ -77,5 +77,4 @@ def write_refs(store: CheckpointStore, step: int) -> str:
     except FileNotFoundError:
         pass
     store.storage.write(key, data)
-    store.storage.sync()
     return key

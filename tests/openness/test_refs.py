@@ -16,10 +16,9 @@ from ravex.format.refs import refs_key, step_refs, write_refs
 
 #: The lines spec/FORMAT.md shows ("Reading without Ravex"), run verbatim below.
 FSSPEC_LINES = """
-import fsspec, zarr
-fs = fsspec.filesystem("reference", fo=f"{root}/steps/{step}/refs.json",
-                       template_overrides={"u": root}, asynchronous=True)
-group = zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True), mode="r")
+import zarr  # and fsspec, which zarr uses for "reference://"
+group = zarr.open_group("reference://", mode="r", storage_options={
+    "fo": f"{root}/steps/{step}/refs.json", "template_overrides": {"u": root}})
 """
 
 #: What stock zarr-python (no Ravex) can do with a bfloat16/float8 array: read its bits.
@@ -29,8 +28,8 @@ refs = json.load(open(f"{root}/steps/{step}/refs.json"))
 meta = json.loads(refs["refs"][f"{path}/zarr.json"])
 meta["data_type"], meta["fill_value"] = {"bfloat16": "uint16"}.get(meta["data_type"], "uint8"), 0
 refs["refs"][f"{path}/zarr.json"] = json.dumps(meta)
-fs = fsspec.filesystem("reference", fo=refs, template_overrides={"u": root}, asynchronous=True)
-bits = zarr.open_array(zarr.storage.FsspecStore(fs, read_only=True, path=path), mode="r")[...]
+bits = zarr.open_array("reference://", path=path, mode="r",
+                       storage_options={"fo": refs, "template_overrides": {"u": root}})[...]
 """
 
 BLOCK = """
