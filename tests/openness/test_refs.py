@@ -103,3 +103,23 @@ def test_committed_example_refs_are_current(example_dir):
     for step in (1, 2):
         on_disk = json.loads((example_dir / refs_key(step)).read_text())
         assert on_disk == step_refs(store, step)
+
+
+def test_store_on_an_fsspec_url():
+    """A store behind any fsspec URL: the template names it, and StepStore reads it too."""
+    import uuid
+
+    import zarr
+
+    from ravex.format.zarr_store import StepStore
+
+    root = f"memory://ravex-refs-{uuid.uuid4().hex}"
+    store = open_store(root, create=True)
+    whole = np.arange(2 * 70_000, dtype=np.float32).reshape(2, -1)  # a row per chunk: whole objects
+    with store.writer() as w:
+        w.commit(3, {"w": whole, "small": np.arange(5)})
+    write_refs(store, 3)
+    group = zarr.open_group("reference://", mode="r", storage_options={
+        "fo": f"{root}/steps/3/refs.json", "template_overrides": {"u": root}})
+    assert same(group["w"][...], whole) and same(group["small"][...], np.arange(5))
+    assert same(zarr.open_group(store=StepStore(root), mode="r")["w"][1], whole[1])
