@@ -48,9 +48,13 @@ def disk_one_file(path: str, total: int) -> None:
     fsync_path(os.path.dirname(path) or ".")
 
 
-def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int = 4) -> None:
+def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int = 4, defer: bool = False) -> None:
     """``total`` bytes as objects of ``obj_bytes``, each written and fsync'd, from ``threads``
-    threads, into 256 fan-out folders like a content-addressed store; folders fsync'd last."""
+    threads, into 256 fan-out folders like a content-addressed store; folders fsync'd last.
+
+    ``defer``: write every object first and fsync them all at the end (same durability
+    when the end is reached, as before a manifest is written; the kernel can write back
+    while later objects are still being written instead of one journal commit per object)."""
     src = _pattern(obj_bytes)
     os.makedirs(path)
     folders = [os.path.join(path, f"{i:02x}") for i in range(256)]
@@ -63,13 +67,19 @@ def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int =
             view = src[:n]
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if not defer:
+                os.fsync(fd)
         finally:
             os.close(fd)
 
+    sizes = list(_blocks(total, obj_bytes))
     with ThreadPoolExecutor(threads) as pool:
-        for fut in [pool.submit(put, i, n) for i, n in enumerate(_blocks(total, obj_bytes))]:
+        for fut in [pool.submit(put, i, n) for i, n in enumerate(sizes)]:
             fut.result()
+        if defer:
+            names = [os.path.join(folders[i % 256], f"{i:08x}") for i in range(len(sizes))]
+            for fut in [pool.submit(fsync_path, name) for name in names]:
+                fut.result()
     for f in folders:
         fsync_path(f)
     fsync_path(path)

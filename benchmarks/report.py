@@ -41,6 +41,20 @@ def tables(res: dict[str, Any]) -> list[Table]:
             ["writer", "median s", "GiB/s", "speed vs torch.save", "x disk (1 file)", "stored MiB"],
             rows,
         ))
+    phases = [(n, d["ravex"]) for n, d in res.get("write", {}).items() if d.get("ravex")]
+    if phases:
+        rows = []
+        for name, r in phases:
+            sec = r.get("seconds", {})
+            rows.append([
+                name, _f(sec.get("total")), _f(sec.get("hash")), _f(sec.get("encode")), _f(sec.get("write")),
+                _f(sec.get("manifest")), f"{r.get('new_chunks', '-')}", _mib(r.get("new_bytes")),
+            ])
+        out.append((
+            "Ravex commit phases, first repetition (hash/encode/write: thread-seconds summed over the pool)",
+            ["writer", "wall s", "hash", "encode", "write+fsync", "sync+manifest", "new chunks", "new MiB"],
+            rows,
+        ))
     if "read" in res:
         rows = []
         has_cold = any("cold" in d for d in res["read"].values())
@@ -70,7 +84,8 @@ def tables(res: dict[str, Any]) -> list[Table]:
              f"ratio {_f(cpu['blosc_lz4_bitshuffle_ratio'])}"],
         ]
         w = res.get("write", {})
-        for key in ("disk: one file + fsync", "disk: 4 MiB objects x4 threads, each fsync'd"):
+        for key in ("disk: one file + fsync", "disk: 4 MiB objects x4 threads, each fsync'd",
+                    "disk: 4 MiB objects x4 threads, fsyncs at end"):
             if key in w:
                 rows.append([key, _f(w[key]["gib_s"]) + " GiB/s"])
         r = res.get("read", {}).get("disk: read one file")
