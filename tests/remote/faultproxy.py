@@ -67,6 +67,8 @@ class _State:
     ops: Counter = field(default_factory=Counter)
     faults_done: Counter = field(default_factory=Counter)
     log: list[Record] = field(default_factory=list)
+    in_flight: Counter = field(default_factory=Counter)
+    max_in_flight: Counter = field(default_factory=Counter)
 
 
 class FaultProxy:
@@ -124,6 +126,7 @@ class FaultProxy:
             self._state.ops.clear()
             self._state.faults_done.clear()
             self._state.log.clear()
+            self._state.max_in_flight.clear()
 
     @property
     def counts(self) -> Counter:
@@ -141,6 +144,23 @@ class FaultProxy:
     def faults_injected(self) -> Counter:
         with self._lock:
             return Counter(self._state.faults_done)
+
+    @property
+    def max_in_flight(self) -> Counter:
+        """The most requests of each method that were being served at the same time."""
+        with self._lock:
+            return Counter(self._state.max_in_flight)
+
+    def _enter(self, method: str) -> None:
+        with self._lock:
+            self._state.in_flight[method] += 1
+            n = self._state.in_flight[method]
+            if n > self._state.max_in_flight[method]:
+                self._state.max_in_flight[method] = n
+
+    def _leave(self, method: str) -> None:
+        with self._lock:
+            self._state.in_flight[method] -= 1
 
     @property
     def log(self) -> list[Record]:
@@ -202,6 +222,13 @@ class _Handler(BaseHTTPRequestHandler):
         return True  # answered in _serve, once the fault is known
 
     def _serve(self) -> None:
+        self.owner._enter(self.command)
+        try:
+            self._serve_one()
+        finally:
+            self.owner._leave(self.command)
+
+    def _serve_one(self) -> None:
         owner = self.owner
         method = self.command
         fault = owner._decide(method)

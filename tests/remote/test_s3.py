@@ -93,6 +93,21 @@ def test_requests_no_per_chunk_head_or_list_and_small_tensors_pack(moto_server, 
     print("\nrequests: commit 1", dict(first), "commit 2", dict(second), "resume", dict(read))
 
 
+def test_uploads_are_concurrent(moto_server, proxy, s3_url):
+    store = _store(s3_url, proxy.url)
+    proxy.configure(delay=1.0, delay_seconds=(0.2, 0.2), methods=frozenset({"PUT"}))  # every PUT takes 0.2 s
+    proxy.reset_counts()
+    with store.writer(chunk_bytes=256 << 10) as w:  # 2 MiB + 1 MiB tensors: 12 objects
+        t0 = time.monotonic()
+        w.commit(1, state(1, small=2))
+        elapsed = time.monotonic() - t0
+    proxy.configure()
+    puts = proxy.counts["PUT"]
+    assert puts >= 12
+    assert proxy.max_in_flight["PUT"] >= 3, proxy.max_in_flight
+    assert elapsed < puts * 0.2 * 0.6, (elapsed, puts)  # far from one at a time
+
+
 # ---- injected faults -----------------------------------------------------------------------
 
 
