@@ -28,6 +28,8 @@ from .zarr_store import step_keys
 if TYPE_CHECKING:
     from .store import CheckpointStore
 
+__all__ = ["REFS_NAME", "refs_key", "step_refs", "write_refs"]
+
 REFS_NAME = "refs.json"
 #: The template naming the store root inside ``refs.json``.
 ROOT_TEMPLATE = "u"
@@ -61,7 +63,7 @@ def step_refs(store: CheckpointStore, step: int | str, root: str = ".") -> dict[
     return {"version": 1, "templates": {ROOT_TEMPLATE: root}, "refs": refs}
 
 
-def write_refs(store: CheckpointStore, step: int) -> str:
+def write_refs(store: CheckpointStore, step: int | str) -> str:
     """Write ``steps/<step>/refs.json`` for a complete step; returns its key.
 
     Deterministic and idempotent: calling it again (from another rank, after a retry)
@@ -69,8 +71,9 @@ def write_refs(store: CheckpointStore, step: int) -> str:
     The write is atomic (``Storage.write``), so a reader never sees half a file; it is
     not synced further, since a lost ``refs.json`` loses nothing the manifests lack.
     """
-    key = refs_key(int(step))
-    data = json.dumps(step_refs(store, int(step)), separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    number = store.resolve_step(step)
+    key = refs_key(number)
+    data = json.dumps(step_refs(store, number), separators=(",", ":"), sort_keys=True).encode() + b"\n"
     try:
         if store.storage.read(key) == data:
             return key
