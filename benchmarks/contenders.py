@@ -187,6 +187,7 @@ class DcpLoad:
 
     def prepare(self, path: str) -> None:
         self.target = empty_like_tree(self.state)  # zero-filled, so already faulted in
+        self.state = None  # only its structure was needed
 
     def __call__(self, path: str) -> Any:
         if self.target is None:

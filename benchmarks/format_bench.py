@@ -83,23 +83,32 @@ def run(cfg: Config) -> dict[str, Any]:
 
     if "limits" in cfg.sections:
         results["limits"] = _limits(cfg, arrays)
-    if "write" in cfg.sections or "read" in cfg.sections:
-        cons = C.build(state, tree)
-        keep = _writes(cfg, cons, nbytes, results)
-        try:
+    keep: dict[str, str] = {}
+    loads: list[tuple[str, str, Any]] = []
+    try:
+        if "write" in cfg.sections or "read" in cfg.sections:
+            cons = C.build(state, tree)
+            keep = _writes(cfg, cons, nbytes, results)
+            _check_ravex_roundtrip(keep, tree)
             if "read" in cfg.sections:
-                _reads(cfg, keep, cons, tree, nbytes, results, cold_ok)
-        finally:
-            for path in keep.values():
-                remove(path)
-    if "delta" in cfg.sections:
-        results["delta"] = {"unchanged": _delta_unchanged(cfg, tree)}
-    del state, tree, arrays, dense
-    _free()
+                loads = _prepare_loads(keep, cons)
+            del cons
+        if "delta" in cfg.sections:
+            results["delta"] = {"unchanged": _delta_unchanged(cfg, tree)}
+        if "sweep" in cfg.sections:
+            results["sweep"] = _sweep(cfg, tree)
+        # the loads need only the files and their own targets: free the training state first
+        del state, tree, arrays, dense
+        _free()
+        if loads:
+            _reads(cfg, loads, nbytes, results, cold_ok)
+            del loads
+            _free()
+    finally:
+        for path in keep.values():
+            remove(path)
     if "delta" in cfg.sections:
         results["delta"]["frozen_90"] = _delta_frozen(cfg)
-    if "sweep" in cfg.sections:
-        results["sweep"] = _sweep(cfg)
     results["wall_s"] = round(time.perf_counter() - t_start, 1)
     results["loadavg_end"] = list(os.getloadavg())
     return results
@@ -211,16 +220,21 @@ def _first_file(path: str) -> str | None:
     return None
 
 
-def _reads(cfg: Config, keep: dict[str, str], cons: list[C.Contender], tree: Any, nbytes: int,
-           results: dict[str, Any], cold_ok: bool) -> None:
-    log = cfg.log
+def _prepare_loads(keep: dict[str, str], cons: list[C.Contender]) -> list[tuple[str, str, Any]]:
+    """(label, path, load) for every loader, in-place targets allocated and faulted in now."""
     loads: list[tuple[str, str, Any]] = [("disk: read one file", keep["disk: one file + fsync"], L.read_file)]
     for c in cons:
         if c.name in keep:
             loads += [(label, keep[c.name], fn) for label, fn in c.loads.items()]
-    for _label, path, fn in loads:  # targets of in-place loads: allocated and faulted in before timing
+    for _label, path, fn in loads:
         if hasattr(fn, "prepare"):
             fn.prepare(path)
+    return loads
+
+
+def _reads(cfg: Config, loads: list[tuple[str, str, Any]], nbytes: int, results: dict[str, Any],
+           cold_ok: bool) -> None:
+    log = cfg.log
     cold = {label: Timed() for label, _, _ in loads}
     warm = {label: Timed() for label, _, _ in loads}
     residency: dict[str, float | None] = {}
@@ -237,8 +251,6 @@ def _reads(cfg: Config, keep: dict[str, str], cons: list[C.Contender], tree: Any
             dt = _timed_load(fn, path)  # again, from the page cache: the loader's own cost
             warm[label].times.append(dt)
             log(line + f" warm {dt:7.3f} s")
-    _free()
-    _check_ravex_roundtrip(keep, tree)
     out = {}
     for which, tm in (("cold", cold), ("warm", warm)):
         if not tm["torch.load"].times:
@@ -422,12 +434,20 @@ def _delta_frozen(cfg: Config) -> dict[str, Any]:
 # ---- chunk size x threads ---------------------------------------------------------------------
 
 
-def _sweep(cfg: Config) -> dict[str, Any]:
+def _sweep_subset(tree: Any, target: int) -> dict[str, np.ndarray]:
+    """Every k-th tensor of the state (weights, biases and moments alike) so that about
+    ``target`` bytes remain: the tensors keep their real size, which is what chunking sees."""
+    items = [(".".join(map(str, k)), v) for k, v in S.leaves(tree).items() if isinstance(v, np.ndarray)]
+    total = sum(v.nbytes for _, v in items)
+    stride = max(1, round(total / max(1, target)))
+    return dict(items[::stride])
+
+
+def _sweep(cfg: Config, full_tree: Any) -> dict[str, Any]:
     log = cfg.log
-    log(f"sweep: chunk size x threads on ~{cfg.sweep_mib:g} MiB ...")
-    st = S.build(cfg.sweep_mib, seed=7)
-    tree = S.to_numpy_tree(st.torch_state())
-    nbytes = sum(a.nbytes for a in _arrays(tree))
+    tree = _sweep_subset(full_tree, int(cfg.sweep_mib * MIB))
+    nbytes = sum(a.nbytes for a in tree.values())
+    log(f"sweep: chunk size x threads on {nbytes / MIB:.0f} MiB ({len(tree)} tensors of the state) ...")
     configs = [("none", c, t) for c in cfg.sweep_chunks_mib for t in cfg.sweep_threads]
     configs += [(comp, 4, t) for comp in cfg.sweep_compressed for t in cfg.sweep_threads]
     timings = {cfgk: Timed() for cfgk in configs}
@@ -452,6 +472,4 @@ def _sweep(cfg: Config) -> dict[str, Any]:
         if cand:
             b = min(cand, key=lambda r: r["median_s"])
             best[comp] = {"chunk_mib": b["chunk_mib"], "threads": b["threads"], "gib_s": b["gib_s"]}
-    del st, tree
-    _free()
-    return {"state_bytes": nbytes, "rows": rows, "best": best}
+    return {"state_bytes": nbytes, "tensors": len(tree), "rows": rows, "best": best}
