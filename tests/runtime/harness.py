@@ -54,7 +54,7 @@ def run(
     kill_on: str | None = None,
     send_signal_on: tuple[str, int] | None = None,
 ) -> Result:
-    """Run ``argv``; SIGKILL it when a stdout line starts with ``kill_on``.
+    """Run ``argv``; SIGKILL it when a stdout line matches the regex ``kill_on``.
 
     ``send_signal_on=(prefix, signum)`` sends ``signum`` instead and lets the child exit.
     """
@@ -70,7 +70,7 @@ def run(
             for raw in proc.stdout:
                 line = raw.rstrip("\n")
                 lines.append(line)
-                if kill_on and line.startswith(kill_on):
+                if kill_on and re.match(kill_on, line):
                     proc.send_signal(signal.SIGKILL)
                     break
                 if send_signal_on and line.startswith(send_signal_on[0]):
