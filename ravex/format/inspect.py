@@ -365,14 +365,54 @@ def validate_with_progress(
         except FileNotFoundError:
             continue
         if digest(data) != name:
-            report.findings.append(
+            chunks = damaged_chunks(store, name, data, report.steps_checked)
+            report.findings.extend(chunks or [
                 Finding(
                     "hash_mismatch",
                     f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
                     "does not match its hash (corrupt bytes)",
                     step, rank, path, key, name,
                 )
-            )
+            ])
     report.objects_checked = len(names)
     progress(len(names), len(names), "")
     return report
+
+
+def damaged_chunks(store: CheckpointStore, name: str, data: bytes, steps: Iterable[int]) -> list[Finding]:
+    """The chunks of a damaged object that no longer decode to their raw digest.
+
+    A pack object holds the chunks of many tensors; a flipped byte damages one of them. Each
+    damaged chunk is reported once, at the oldest of ``steps`` that names it.
+    """
+    found: dict[tuple[str, str, str], Finding] = {}
+    for step in steps:
+        for rank in store.step_info(step).ranks:
+            try:
+                m = store.manifest(step, rank)
+            except (RavexError, OSError):
+                continue
+            for path, entry in m.arrays.items():
+                for key, ref in entry.chunks.items():
+                    if ref.object != name or (path, key, ref.raw) in found:
+                        continue
+                    stored = data if ref.offset is None else data[ref.offset : ref.offset + ref.size]
+                    if not _chunk_intact(entry, stored, ref.raw):
+                        found[(path, key, ref.raw)] = Finding(
+                            "hash_mismatch",
+                            f"step {step} rank {rank} tensor {path!r} chunk {key}: its bytes in object {name} "
+                            "are corrupt (the object does not match its hash)",
+                            step, rank, path, key, name,
+                        )
+    return list(found.values())
+
+
+def _chunk_intact(entry: ArrayEntry, stored: bytes, raw: str) -> bool:
+    from .codecs import pipeline
+
+    try:
+        full = math.prod(entry.chunk_shape) * data_type(entry.data_type).itemsize
+        decoded = pipeline(entry.codecs, "validate").decode(stored, full)
+        return digest(decoded) == raw
+    except Exception:  # does not decode at all
+        return False

@@ -488,8 +488,9 @@ class InspectorApp(App[None]):
         for i, f in enumerate(self.findings):
             style = "red" if f.severity == "error" else "yellow"
             table.add_row(
-                Text(f.severity, style=style), f.kind, "" if f.step is None else f"step_{f.step}",
-                _display(f.tensor), f.chunk or "", key=str(i),
+                Text("✗" if f.severity == "error" else "!", style=f"bold {style}"),
+                Text("" if f.step is None else f"step_{f.step}"), Text(_display(f.tensor) or f.kind, style=style),
+                Text(f.chunk or ""), Text(f.kind), key=str(i),
             )
         if self.findings:
             self.query_one("#validate-message", Static).update(Text(self.findings[0].message))

@@ -212,7 +212,7 @@ class ValidatePane(Vertical):
         yield Static("", id="validate-title")
         yield ProgressBar(id="validate-progress", show_eta=False)
         table: DataTable = DataTable(id="validate-table", cursor_type="row", zebra_stripes=True)
-        table.add_columns("severity", "kind", "step", "tensor", "chunk")
+        table.add_columns(" ", "step", "tensor", "chunk", "kind")
         yield table
         yield Static("", id="validate-message")
 
@@ -220,31 +220,46 @@ class ValidatePane(Vertical):
         self.border_title = "validate"
 
 
-HELP = """\
-[b]ravex inspect[/b] — browse a checkpoint store
+HELP_KEYS = (
+    ("↑ ↓  mouse", "move in the focused pane"),
+    ("tab", "next pane: steps, tensors, the right pane"),
+    ("enter", "open a group, select a row"),
+    ("/", "filter tensors by name (esc clears)"),
+    ("d", "diff this step with the marked one, or the previous"),
+    ("m", "mark the highlighted step as the diff base"),
+    ("v", "validate the store (rehash every object)"),
+    ("i  esc", "back to details"),
+    ("r", "reload the steps (a run may still be writing)"),
+    ("?", "this help"),
+    ("q", "quit"),
+)
 
-[b]↑ ↓ / mouse[/b]  move in the focused pane
-[b]tab[/b]          next pane (steps → tensors → right pane)
-[b]enter[/b]        open a group / select a row
-[b]/[/b]            filter tensors by name (esc clears)
-[b]d[/b]            diff this step against the marked step, or the previous one
-[b]m[/b]            mark the highlighted step as the diff base
-[b]v[/b]            validate the store (rehash every object)
-[b]i[/b] / [b]esc[/b]      back to details
-[b]r[/b]            reload the step list (a run may still be writing)
-[b]?[/b]            this help        [b]q[/b]  quit
 
-Steps pane: the bar is the bytes each step added; ✗ marks incomplete steps.
-Chunk map: █ chunk written by this step, ░ shared with the previous step.
-Diff colours: [red]red[/] ≥ 10% relative change, [yellow]yellow[/] ≥ 0.1%, [green]green[/] smaller.
-"""
+def help_text() -> Text:
+    """The help screen's text: keys, then how to read the panes."""
+    t = Text()
+    t.append("ravex inspect", style="bold")
+    t.append(" — browse a checkpoint store\n\n")
+    for key, what in HELP_KEYS:
+        t.append(f"{key:<12}", style="bold")
+        t.append(f"{what}\n")
+    t.append("\nSteps: the bar is the bytes a step added; ✗ marks incomplete steps.\n")
+    t.append("Chunk map: █ written by this step, ░ shared with the previous one.\n")
+    t.append("Diff: ")
+    t.append("red", style="bold red")
+    t.append(" ≥ 10% relative change, ")
+    t.append("yellow", style="yellow")
+    t.append(" ≥ 0.1%, ")
+    t.append("green", style="green")
+    t.append(" smaller.")
+    return t
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar = [Binding("escape,q,question_mark", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        yield Static(HELP, id="help")
+        yield Static(help_text(), id="help")
 
     def on_click(self) -> None:
         self.dismiss()

@@ -64,3 +64,16 @@ def cli(tmp_path: Path):
         return Result(proc)
 
     return run
+
+
+async def settle(pilot) -> None:
+    """Until no worker runs and every message they posted is handled (workers start workers)."""
+    app = pilot.app
+    for _ in range(20):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not any(w.is_running for w in app.workers):
+            await pilot.pause()
+            if not any(w.is_running for w in app.workers):
+                return
+    raise AssertionError("workers never settled")

@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 import pytest
+from conftest import settle
 from stores import corrupt_object_of, write_run
 
 from ravex.format import open_store
@@ -24,19 +25,6 @@ def aio(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return run
-
-
-async def settle(pilot) -> None:
-    """Until no worker runs and every message they posted is handled (workers start workers)."""
-    app = pilot.app
-    for _ in range(20):
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if not any(w.is_running for w in app.workers):
-            await pilot.pause()
-            if not any(w.is_running for w in app.workers):
-                return
-    raise AssertionError("workers never settled")
 
 
 def details_text(app: InspectorApp) -> str:

@@ -1,0 +1,126 @@
+"""The pure parts: ravex.format.inspect helpers and the formatting both tools share."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from stores import corrupt_object_of, write_run
+
+from ravex.cli_verbs import UsageError, default_store, split_step
+from ravex.format import open_store
+from ravex.format.diff import diff
+from ravex.format.inspect import (
+    chunk_sharing,
+    diff_steps,
+    display_path,
+    summarize_steps,
+    tensor_stats,
+    validate_with_progress,
+)
+from ravex.tui.formatting import bar, chunk_map, histogram_lines, human_bytes, number, sparkline
+from ravex.tui.model import children, filter_leaves, step_leaves
+
+
+def test_human_numbers():
+    assert [human_bytes(n) for n in (0, 1023, 1536, 5 << 20, None)] == ["0 B", "1023 B", "1.5 KiB", "5.0 MiB", "-"]
+    assert [number(x) for x in (None, 0.0, 0.5, 1234.5678, 1e-7, math.inf, 3)] == [
+        "-", "0", "0.5", "1235", "1.00e-07", "inf", "3"]
+
+
+def test_bars_sparklines_chunk_maps():
+    assert bar(1, 2, 4) == "██  "
+    assert bar(0, 2, 4) == "    " and bar(1, 0, 4) == "    "
+    assert bar(1e-9, 1, 4) == "▏   "  # anything above zero shows
+    assert sparkline([0, 1, 2, 4]) == "▁▃▅█"  # eight levels, scaled to the largest
+    assert sparkline([5, 0, 0, 5, 0, 0], width=3) == "██▁"  # each cell the max of its group
+    assert len(sparkline(list(range(100)), width=10)) == 10
+    assert chunk_map(["shared", "changed", "new"]) == "░██"
+    assert chunk_map(["shared"] * 4 + ["new"] * 4 + ["shared", "new"] * 2, width=6) == "░░██▓▓"
+    lines = histogram_lines([1, 4], [0.0, 0.5, 1.0], width=4)
+    assert lines[1].endswith("████ 4") and "0.5" in lines[0]
+    assert histogram_lines([], []) == ["(no finite values)"]
+
+
+def test_tensor_stats_count_nan_inf_apart():
+    x = np.array([1.0, 2.0, np.nan, np.inf, -np.inf, 3.0], "float32")
+    s = tensor_stats(x, bins=4)
+    assert (s.count, s.nan, s.inf) == (6, 1, 2)
+    assert (s.min, s.max, s.mean) == (1.0, 3.0, 2.0)
+    assert math.isclose(s.std, np.std([1.0, 2.0, 3.0]))
+    assert math.isclose(s.l2, math.sqrt(14))
+    assert sum(s.hist_counts) == 3 and len(s.hist_edges) == 5
+    b = tensor_stats(np.arange(8, dtype="float32").astype(ml_dtypes.bfloat16))
+    assert (b.min, b.max, b.count) == (0.0, 7.0, 8)
+    empty = tensor_stats(np.array([np.nan], "float32"))
+    assert empty.min is None and empty.hist_counts == ()
+    const = tensor_stats(np.ones((3, 3), "int64"))
+    assert const.std == 0.0 and sum(const.hist_counts) == 9
+
+
+def test_summaries_and_chunk_sharing(tmp_path):
+    store = open_store(write_run(tmp_path / "s", incomplete=400))
+    seen = []
+    rows = list(summarize_steps(store, lambda done, total, what: seen.append((done, total))))
+    assert [r.step for r in rows] == [100, 200, 300, 400] and seen[-1] == (4, 4)
+    assert [r.complete for r in rows] == [True, True, True, False]
+    a, b = store.open_step(100), store.open_step(200)
+    shares = chunk_sharing(b.arrays["model/embed.weight"], a.arrays["model/embed.weight"])
+    assert [(c.key, c.status) for c in shares] == [("c/0/0", "changed"), ("c/1/0", "shared")]
+    assert {c.status for c in chunk_sharing(b.arrays["model/frozen.table"], a.arrays["model/frozen.table"])} == {
+        "shared"}
+    assert {c.status for c in chunk_sharing(a.arrays["model/head.weight"], None)} == {"new"}
+
+
+def test_diff_steps_matches_the_format_diff(tmp_path):
+    store = open_store(write_run(tmp_path / "s"))
+    a, b = store.open_step(100), store.open_step(300)
+    calls = []
+    ours = diff_steps(a, b, progress=lambda done, total, what: calls.append(done))
+    theirs = diff(a, b, stats=True)
+    assert ours.to_json() == theirs.to_json()
+    assert calls == [0, 1, 2, 3, 4]
+
+
+def test_validate_with_progress_names_the_damaged_chunk_of_a_pack(tmp_path):
+    path = write_run(tmp_path / "s")
+    store = open_store(path)
+    quick = validate_with_progress(store)
+    assert quick.ok and quick.objects_checked == 0
+    corrupt_object_of(path, "model/head.weight", step=300)
+    seen = []
+    report = validate_with_progress(open_store(path), full=True, progress=lambda d, t, w: seen.append((d, t)))
+    assert not report.ok and seen[-1][0] == seen[-1][1] == report.objects_checked
+    [bad] = report.findings
+    # the corrupt byte lies in head.weight's chunk, though its pack holds other tensors' chunks too
+    assert (bad.kind, bad.step, bad.tensor, bad.chunk) == ("hash_mismatch", 300, "model/head.weight", "c/0/0")
+
+
+def test_leaves_children_and_filter(tmp_path):
+    reader = open_store(write_run(tmp_path / "s")).open_step("latest")
+    leaves = step_leaves(reader)
+    assert [(seg, n) for seg, _leaf, n in children(leaves, "")] == [
+        ("data", 2), ("model", 7), ("optimizer", 4), ("rng", 1), ("scheduler", 2)]
+    under = children(leaves, "optimizer")
+    assert [(seg, leaf is None) for seg, leaf, _n in under] == [("param_groups", True), ("state", True)]
+    assert [leaf.name for leaf in filter_leaves(leaves, "LAYERS.1 bias")] == ["model/layers.1.attn.bias"]
+    assert display_path("a%2Fb/%5F_x") == "a/b/__x"
+
+
+def test_step_names_and_default_store(tmp_path):
+    assert split_step("step_100") == (None, "step_100")
+    assert split_step("s3://bucket/run@latest") == ("s3://bucket/run", "latest")
+    assert split_step("/a/b@c/d@100") == ("/a/b@c/d", "100")
+    for bad in ("yesterday", "store@", "@1x"):
+        with pytest.raises(UsageError, match="step"):
+            split_step(bad)
+    assert default_store(str(tmp_path), {}) == (str(tmp_path / "checkpoints"), None)
+    (tmp_path / "ravex.yaml").write_text("storage:\n  url: s3://b/run\n  endpoint: http://x:9000\n")
+    url, opts = default_store(str(tmp_path), {"AWS_ACCESS_KEY_ID": "k"})
+    assert url == "s3://b/run" and opts == {"key": "k", "client_kwargs": {"endpoint_url": "http://x:9000"}}
+    assert default_store(str(tmp_path), {"RAVEX_STORAGE": "/elsewhere"}) == ("/elsewhere", None)
+    (tmp_path / "ravex.yaml").write_text("storage: [unclosed\n")
+    with pytest.raises(UsageError, match=r"ravex\.yaml"):
+        default_store(str(tmp_path), {})
