@@ -268,9 +268,12 @@ def run_soak(
             report["validate_errors"] += sum(1 for f in v.findings if f.severity == "error")
         store = open_store(url)
         for step in store.complete_steps():
-            if not _same(store.read(step), soak_state(step)):
+            try:
+                if not _same(store.read(step), soak_state(step)):
+                    raise ValueError("content differs")
+            except Exception as exc:
                 report["corrupt_steps"] += 1
-                problem(f"final: step {step} differs")
+                problem(f"final: step {step}: {type(exc).__name__}: {exc}")
         report["final_complete_steps"] = len(store.complete_steps())
     finally:
         report["seconds"] = round(time.monotonic() - started, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -62,35 +63,48 @@ def test_open_missing_store_and_bucket(moto_server, s3_url):
 # ---- request counts ------------------------------------------------------------------------
 
 
-def test_requests_no_per_chunk_head_or_list_and_small_tensors_pack(moto_server, proxy, s3_url):
-    store = _store(s3_url, proxy.url)
-    tree = state(1, small=300)  # 300 tensors of 6 KB + 2 big ones
+def _requests(proxy, fn):
+    """Run ``fn``; return its requests as a Counter of kinds: PUT_object, PUT_manifest, PUT_other,
+    GET, LIST, HEAD, ..."""
     proxy.reset_counts()
-    with store.writer() as w:
-        stats = w.commit(1, tree)
-        first = proxy.ops
-        proxy.reset_counts()
-        tree2 = state(2, small=300)
-        stats2 = w.commit(2, tree2)
-        second = proxy.ops
-    assert stats.chunks == 302
-    # big (2 MiB) + frozen (1 MiB) + one pack of 300 x 6 KB + the manifest
-    assert first["PUT"] == 4, first
-    assert first["HEAD"] == 0 and first["GET"] <= 1, first
-    assert first["LIST"] <= 6, first  # per commit, not per chunk
-    # the delta: the changed big tensor, one pack of the changed small ones, the manifest
-    assert stats2.reused_chunks >= 257
-    assert second["PUT"] == 3 and second["HEAD"] == 0 and second["LIST"] <= 6, second
+    result = fn()
+    kinds = Counter()
+    for r in proxy.log:
+        if r.op == "PUT":
+            kinds["PUT_object" if "/objects/" in r.path else "PUT_manifest" if "/rank-" in r.path else "PUT_other"] += 1
+        else:
+            kinds[r.op] += 1
+    return kinds, result
 
-    proxy.reset_counts()
-    resumed = _store(s3_url, proxy.url, create=False)
-    assert_same(resumed.read("latest"), tree2)
-    read = proxy.ops
-    assert read["HEAD"] == 0, read
-    assert read["LIST"] <= 4, read
-    # ravex.json + manifest + the two big objects + the pack(s), not one GET per small tensor
-    assert read["GET"] <= 8, read
-    print("\nrequests: commit 1", dict(first), "commit 2", dict(second), "resume", dict(read))
+
+def _write_and_resume(proxy, url, small):
+    store = _store(url, proxy.url)
+    with store.writer() as w:
+        first, stats1 = _requests(proxy, lambda: w.commit(1, state(1, small=small)))
+        second, stats2 = _requests(proxy, lambda: w.commit(2, state(2, small=small)))
+    resumed = _store(url, proxy.url, create=False)
+    resume, tree = _requests(proxy, lambda: resumed.read("latest"))
+    assert_same(tree, state(2, small=small))
+    return first, second, resume, stats1, stats2
+
+
+def test_requests_no_per_chunk_head_or_list_and_small_tensors_pack(moto_server, proxy, s3_url):
+    first, second, resume, stats1, stats2 = _write_and_resume(proxy, s3_url, small=300)
+    print("\nrequests (300 small tensors): commit 1", dict(first), "commit 2", dict(second), "resume", dict(resume))
+    assert stats1.chunks == 302
+    # big (2 MiB) + frozen (1 MiB) + ONE pack of 300 x 6 KB; then one manifest
+    assert first["PUT_object"] == 3 and first["PUT_manifest"] == 1, first
+    # the delta: the changed big tensor and one pack of the 43 changed small ones
+    assert stats2.reused_chunks >= 257
+    assert second["PUT_object"] == 2 and second["PUT_manifest"] == 1, second
+    for counts in (first, second, resume):
+        assert counts["HEAD"] == 0, counts
+    assert resume["GET"] <= 10, resume  # not one per small tensor
+
+    # nothing per chunk: ten times fewer tensors, the very same requests
+    few = _write_and_resume(proxy, s3_url + "-few", small=30)
+    print("requests (30 small tensors): commit 1", dict(few[0]), "commit 2", dict(few[1]), "resume", dict(few[2]))
+    assert (few[0], few[1], few[2]) == (first, second, resume)
 
 
 def test_uploads_are_concurrent(moto_server, proxy, s3_url):
@@ -127,8 +141,15 @@ def test_transient_faults_lose_nothing(moto_server, proxy, s3_url):
     for step in range(1, 7):
         assert_same(again.read(step), state(step))
     report = validate(again, full=True)
-    proxy.configure()
     assert report.ok, report.to_json()
+
+    gc = again.gc(keep_last=2, grace_seconds=0)  # GC under the same faults
+    proxy.configure()
+    assert again.complete_steps() == [5, 6], gc
+    for step in (5, 6):
+        assert_same(again.read(step), state(step))
+    report = validate(again, full=True)
+    assert report.ok and "orphan_object" not in report.kinds(), report.to_json()
     assert objects_all_whole(again.storage) == []
     print("\nfaults injected:", dict(injected), "retries:", store.storage.retries + again.storage.retries)
 
