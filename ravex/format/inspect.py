@@ -8,7 +8,9 @@ here writes to a store, and nothing imports torch.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +19,12 @@ import numpy as np
 
 from .diff import StepDiff, TensorDiff, diff
 from .dtypes import data_type
-from .errors import RavexError
+from .errors import ManifestError, RavexError
 from .hashing import digest
 from .manifest import ArrayEntry
-from .names import object_key, unescape_key
+from .names import manifest_key, object_key, step_dir, unescape_key
 from .reader import ArrayRef, StepReader
-from .store import CheckpointStore, StepInfo
+from .store import CheckpointStore
 from .validate import Finding, ValidationReport, validate
 
 #: ``progress(done, total, what)``; ``total`` is 0 when unknown.
@@ -67,23 +69,87 @@ class StepSummary:
         return d
 
 
-def summarize_step(store: CheckpointStore, info: StepInfo) -> StepSummary:
-    """Sum the stats of the manifests a step has (all of them for a complete step)."""
-    tensors: set[str] = set()
-    logical = new = reused = 0
-    created = ""
-    for rank in info.ranks:
+#: A manifest's small fields (step, rank, world_size, run, created_at, metadata, stats) come before
+#: its tree and arrays; a listing reads this many bytes of each manifest instead of all of it.
+HEADER_BYTES = 64 << 10
+_MANIFEST_NAME = re.compile(r"^rank-(\d+)\.json$")
+
+
+def read_manifest_header(store: CheckpointStore, step: int, rank: int) -> dict[str, Any]:
+    """The fields of one manifest other than ``tree`` and ``arrays``, without parsing those.
+
+    A manifest of 10,000 tensors is megabytes of JSON; listing 100 steps must not parse them
+    all. Reads the first :data:`HEADER_BYTES` and parses up to ``"tree"``; when that fails
+    (another writer's key order, huge metadata) it falls back to parsing the whole document.
+    Raises ``FileNotFoundError`` or :class:`ManifestError`.
+    """
+    key = manifest_key(step, rank)
+    head = store.storage.read_range(key, 0, HEADER_BYTES)
+    doc: Any = None
+    cut = head.find(b',"tree":')
+    if cut > 0:
         try:
-            m = store.manifest(info.step, rank)
-        except (RavexError, OSError):
-            continue
-        tensors.update(m.arrays)
-        logical += int(m.stats.get("logical_bytes", 0) or 0)
-        new += int(m.stats.get("new_bytes", 0) or 0)
-        reused += int(m.stats.get("reused_bytes", 0) or 0)
-        created = max(created, m.created_at)
+            doc = json.loads(head[:cut] + b"}")
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            doc = None
+    if not _header_ok(doc):
+        data = head if len(head) < HEADER_BYTES else store.storage.read(key)
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ManifestError(f"step {step} rank {rank}: malformed manifest ({type(exc).__name__})") from None
+        if not isinstance(doc, dict):
+            raise ManifestError(f"step {step} rank {rank}: not a manifest")
+        doc = {k: v for k, v in doc.items() if k not in ("tree", "arrays")}
+    if not _header_ok(doc) or doc["step"] != step or doc["rank"] != rank:
+        raise ManifestError(f"step {step} rank {rank}: not a Ravex manifest for this step and rank")
+    return doc
+
+
+def _header_ok(doc: Any) -> bool:
+    return (
+        isinstance(doc, dict)
+        and doc.get("format") == "ravex-manifest"
+        and all(isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool)
+                for k in ("step", "rank", "world_size"))
+    )
+
+
+def summarize_step(store: CheckpointStore, step: int) -> StepSummary:
+    """A step's completeness and size from its manifests' headers (see :func:`read_manifest_header`).
+
+    Complete means what :meth:`CheckpointStore.step_info` means: the manifests of ranks
+    ``0..W-1`` all exist and agree on ``world_size`` ``W`` and ``run``.
+    """
+    ranks = sorted(
+        int(m.group(1)) for m in map(_MANIFEST_NAME.match, store.storage.list_dir(step_dir(step))) if m
+    )
+    if not ranks:
+        return StepSummary(step, False, "no manifest", None, ())
+    headers: dict[int, dict[str, Any]] = {}
+    for rank in ranks:
+        try:
+            headers[rank] = read_manifest_header(store, step, rank)
+        except (RavexError, OSError) as exc:
+            return StepSummary(step, False, f"rank {rank}: {exc}", None, tuple(ranks))
+    first = headers[ranks[0]]
+    world = first["world_size"]
+    problem = None
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        problem = f"missing manifests of ranks {missing}"
+    elif any(h["world_size"] != world or h.get("run") != first.get("run") for h in headers.values()):
+        problem = "ranks belong to another run or world size (mixed writers)"
+    used = [headers[r] for r in ranks if r < world] if problem is None else list(headers.values())
+
+    def total(field: str) -> int:
+        return sum(int((h.get("stats") or {}).get(field, 0) or 0) for h in used)
+
     return StepSummary(
-        info.step, info.complete, info.problem, info.world_size, info.ranks, created, len(tensors), logical, new, reused
+        step, problem is None, problem, world, tuple(ranks),
+        max(str(h.get("created_at", "")) for h in used),
+        max(int((h.get("stats") or {}).get("arrays", 0) or 0) for h in used),
+        total("logical_bytes"), total("new_bytes"), total("reused_bytes"),
     )
 
 
@@ -93,7 +159,7 @@ def summarize_steps(store: CheckpointStore, progress: Progress | None = None) ->
     numbers = store.step_numbers()
     for i, step in enumerate(numbers):
         progress(i, len(numbers), f"step {step}")
-        yield summarize_step(store, store.step_info(step))
+        yield summarize_step(store, step)
     progress(len(numbers), len(numbers), "")
 
 

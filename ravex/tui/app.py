@@ -437,6 +437,7 @@ class InspectorApp(App[None]):
         self.query_one("#validate-message", Static).update("")
         bar = self.query_one("#validate-progress", ProgressBar)
         bar.update(total=None, progress=0)
+        bar.display = True
         self.query_one("#validate-table", DataTable).focus()
         self.run_validate(self._generation)
 
@@ -473,8 +474,7 @@ class InspectorApp(App[None]):
         errors = [f for f in report.findings if f.severity == "error"]
         self.findings = errors + [f for f in report.findings if f.severity != "error"]
         self.validated = True
-        bar = self.query_one("#validate-progress", ProgressBar)
-        bar.update(total=max(1, report.objects_checked), progress=max(1, report.objects_checked))
+        self.query_one("#validate-progress", ProgressBar).display = False  # the title says it is done
         title = Text()
         if report.ok:
             title.append("✓ ok", style="bold green")

@@ -7,6 +7,7 @@ Workers call the ``compute_*`` functions off the UI thread; widgets only place w
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +61,12 @@ def step_leaves(reader: StepReader) -> list[Leaf]:
     except Exception:  # a tree that does not decode still lists its tensors
         values = {}
     leaves.extend(Leaf(name, "value", None, v) for name, v in values.items())
-    return sorted(leaves, key=lambda leaf: leaf.name)
+    return sorted(leaves, key=lambda leaf: natural_key(leaf.name))
+
+
+def natural_key(name: str) -> tuple:
+    """Sort ``layers.2`` before ``layers.10``."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
 def filter_leaves(leaves: list[Leaf], text: str) -> list[Leaf]:
@@ -71,29 +77,41 @@ def filter_leaves(leaves: list[Leaf], text: str) -> list[Leaf]:
     return [leaf for leaf in leaves if all(w in leaf.name.lower() for w in words)]
 
 
-def children(leaves: list[Leaf], prefix: str) -> list[tuple[str, Leaf | None, int]]:
-    """The next level under ``prefix`` (``""`` for the top): ``(segment, leaf or None, count)``.
+#: A level with more entries than this is grouped by dotted prefix too (``layers.`` ...), the
+#: way PyTorch names parameters, so that no node ever opens onto thousands of children.
+SPLIT_MIN = 64
 
-    A segment is a leaf when exactly one leaf ends there; otherwise a group of ``count`` leaves.
-    ``leaves`` must be sorted by name. Computed on demand, so a tree of 10,000 tensors only
-    ever builds the nodes that are open.
+
+def children(leaves: list[Leaf], start: str = "") -> list[tuple[str, Leaf | None, int, str]]:
+    """The entries right below the names beginning with ``start`` (``""`` for the top).
+
+    Each is ``(label, leaf, count, child_start)``: a leaf when exactly one name ends there
+    (``leaf`` set), else a group of ``count`` names, opened with ``children(leaves, child_start)``.
+    Levels split at ``/``; a level of more than :data:`SPLIT_MIN` entries also splits at ``.``.
+    Computed on demand, so a tree of 10,000 tensors only builds the nodes that are open.
     """
-    out: list[tuple[str, Leaf | None, int]] = []
-    start = f"{prefix}/" if prefix else ""
-    index: dict[str, int] = {}
+    entries = _level(leaves, start, "/")
+    if len(entries) > SPLIT_MIN:
+        dotted = _level(leaves, start, "/.")
+        if len(dotted) < len(entries):
+            entries = dotted
+    return entries
+
+
+def _level(leaves: list[Leaf], start: str, seps: str) -> list[tuple[str, Leaf | None, int, str]]:
+    out: dict[str, tuple[str, Leaf | None, int, str]] = {}
     for leaf in leaves:
         if not leaf.name.startswith(start):
             continue
         rest = leaf.name[len(start):]
-        seg, _, tail = rest.partition("/")
-        if seg in index:
-            i = index[seg]
-            s, _, n = out[i]
-            out[i] = (s, None, n + 1)
-        else:
-            index[seg] = len(out)
-            out.append((seg, None if tail else leaf, 1))
-    return out
+        cuts = [i for i in (rest.find(c) for c in seps) if i >= 0]
+        if not cuts:
+            out[rest] = (rest, leaf, 1, start + rest)
+            continue
+        key = rest[: min(cuts) + 1]
+        have = out.get(key)
+        out[key] = (key.rstrip("/"), None, (have[2] if have else 0) + 1, start + key)
+    return list(out.values())
 
 
 # ---- steps pane --------------------------------------------------------------------------------

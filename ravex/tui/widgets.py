@@ -119,15 +119,14 @@ class TensorTree(Tree[object]):
     def _populate(self, node: TreeNode[object]) -> None:
         if node.children or not isinstance(node.data, str):
             return
-        for seg, leaf, count in children(self.leaves, node.data):
-            prefix = f"{node.data}/{seg}" if node.data else seg
+        for label, leaf, count, child_start in children(self.leaves, node.data):
             if leaf is not None:
-                label = Text(seg)
+                text = Text(label)
                 if leaf.kind == "value":
-                    label.append(f" = {_short(leaf.value)}", style="cyan")
-                node.add_leaf(label, data=leaf)
+                    text.append(f" = {_short(leaf.value)}", style="cyan")
+                node.add_leaf(text, data=leaf)
             else:
-                node.add(Text.assemble((seg, "bold"), (f" ({count})", "dim")), data=prefix)
+                node.add(Text.assemble((label, "bold"), (f" ({count})", "dim")), data=child_start)
 
     def _expand_all(self, node: TreeNode[object]) -> None:
         for child in node.children:
@@ -142,22 +141,18 @@ class TensorTree(Tree[object]):
     def find(self, name: str) -> TreeNode[object] | None:
         """Open the groups down to the leaf ``name`` and return its node (None if absent)."""
         node = self.root
-        parts = name.split("/")
-        for i in range(len(parts)):
+        while True:
             self._populate(node)
-            prefix = "/".join(parts[: i + 1])
-            nxt = next(
-                (c for c in node.children
-                 if (isinstance(c.data, Leaf) and c.data.name == prefix) or c.data == prefix),
-                None,
-            )
-            if nxt is None:
+            for child in node.children:
+                if isinstance(child.data, Leaf):
+                    if child.data.name == name:
+                        return child
+                elif isinstance(child.data, str) and name.startswith(child.data):
+                    child.expand()
+                    node = child
+                    break
+            else:
                 return None
-            if isinstance(nxt.data, Leaf):
-                return nxt
-            nxt.expand()
-            node = nxt
-        return None
 
 
 def _short(value: object, n: int = 24) -> str:

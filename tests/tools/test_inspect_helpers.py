@@ -21,7 +21,7 @@ from ravex.format.inspect import (
     validate_with_progress,
 )
 from ravex.tui.formatting import bar, chunk_map, histogram_lines, human_bytes, number, sparkline
-from ravex.tui.model import children, filter_leaves, step_leaves
+from ravex.tui.model import Leaf, children, filter_leaves, step_leaves
 
 
 def test_human_numbers():
@@ -101,10 +101,16 @@ def test_validate_with_progress_names_the_damaged_chunk_of_a_pack(tmp_path):
 def test_leaves_children_and_filter(tmp_path):
     reader = open_store(write_run(tmp_path / "s")).open_step("latest")
     leaves = step_leaves(reader)
-    assert [(seg, n) for seg, _leaf, n in children(leaves, "")] == [
+    assert [(label, n) for label, _leaf, n, _start in children(leaves)] == [
         ("data", 2), ("model", 7), ("optimizer", 4), ("rng", 1), ("scheduler", 2)]
-    under = children(leaves, "optimizer")
-    assert [(seg, leaf is None) for seg, leaf, _n in under] == [("param_groups", True), ("state", True)]
+    under = children(leaves, "optimizer/")
+    assert [(label, leaf is None, start) for label, leaf, _n, start in under] == [
+        ("param_groups", True, "optimizer/param_groups/"), ("state", True, "optimizer/state/")]
+    many = [Leaf(f"model/layers.{i}.{k}", "tensor", "x") for i in range(40) for k in ("w", "b")]
+    many.insert(0, Leaf("model/head", "tensor", "x"))
+    assert [(label, n) for label, _leaf, n, _start in children(many, "model/")] == [("head", 1), ("layers.", 80)]
+    assert len(children(many, "model/layers.")) == 40 and children(many, "model/layers.7.")[0][0] == "w"
+    assert [leaf.name for leaf in step_leaves(reader)][:3] == ["data/epoch", "data/index", "model/embed.weight"]
     assert [leaf.name for leaf in filter_leaves(leaves, "LAYERS.1 bias")] == ["model/layers.1.attn.bias"]
     assert display_path("a%2Fb/%5F_x") == "a/b/__x"
 

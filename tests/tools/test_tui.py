@@ -196,7 +196,7 @@ async def test_many_tensors_build_only_open_nodes(tmp_path: Path):
         await settle(pilot)
         tree = app.query_one(TensorTree)
         assert len(tree.leaves) == 1201
-        assert [c.data for c in tree.root.children] == ["model", tree.root.children[1].data]
+        assert tree.root.children[0].data == "model/"
         assert all(not c.children for c in tree.root.children)  # nothing below the top built yet
         assert app.select_tensor("model/blocks.599/w")
         await settle(pilot)
