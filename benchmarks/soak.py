@@ -69,10 +69,10 @@ def soak_state(step: int) -> dict[str, Any]:
 # ---- children ------------------------------------------------------------------------------
 
 
-def _child_writer(url: str, ready) -> None:
+def _child_writer(url: str, opts: dict | None, grace: float, ready) -> None:
     from ravex.format import open_store
 
-    store = open_store(url, create=True)
+    store = open_store(url, create=True, storage_options=opts)
     latest = store.latest_step()
     store.discard_incomplete_above(latest)
     step = (latest or 0) + 1
@@ -83,13 +83,13 @@ def _child_writer(url: str, ready) -> None:
             step += 1
 
 
-def _child_gc(url: str, ready) -> None:
+def _child_gc(url: str, opts: dict | None, grace: float, ready) -> None:
     from ravex.format import open_store
 
-    store = open_store(url)
+    store = open_store(url, storage_options=opts)
     ready()
     while True:
-        store.gc(keep_last=KEEP_LAST, keep_every=KEEP_EVERY, grace_seconds=GRACE_SECONDS)
+        store.gc(keep_last=KEEP_LAST, keep_every=KEEP_EVERY, grace_seconds=grace)
         time.sleep(0.01)
 
 
@@ -100,14 +100,15 @@ class _Child:
     """A forked child process (the parent has imported everything already: no start-up cost,
     so kills land in commits and GC passes, not in imports)."""
 
-    def __init__(self, role: str, url: str) -> None:
+    def __init__(self, role: str, url: str, opts: dict | None, grace: float) -> None:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child
             code = 0
             try:
                 os.close(r)
-                (_child_writer if role == "writer" else _child_gc)(url, lambda: os.write(w, b"ready\n"))
+                fn = _child_writer if role == "writer" else _child_gc
+                fn(url, opts, grace, lambda: os.write(w, b"ready\n"))
             except BaseException:
                 traceback.print_exc()
                 code = 1
@@ -151,16 +152,22 @@ def run_soak(
     max_kill_seconds: float = 1.5,
     full_validate_every: int = 10,
     log=None,
+    url: str | None = None,
+    storage_options: dict | None = None,
+    grace_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """Run the soak; returns the report (see the module doc)."""
+    """Run the soak; returns the report (see the module doc). ``url``: a store URL to use
+    instead of a local folder (``s3://...`` with ``storage_options``)."""
     from ravex.format import open_store
     from ravex.format.validate import validate
 
     rng = random.Random(seed)
     own_dir = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="ravex-soak-"))
-    url = str(base / "store")
-    open_store(url, create=True)
+    opts = storage_options
+    url = url or str(base / "store")
+    grace = GRACE_SECONDS if grace_seconds is None else grace_seconds
+    open_store(url, create=True, storage_options=opts)
     report: dict[str, Any] = {
         "trials": trials,
         "seed": seed,
@@ -188,7 +195,7 @@ def run_soak(
 
     try:
         for trial in range(trials):
-            writer, collector = _Child("writer", url), _Child("gc", url)
+            writer, collector = _Child("writer", url, opts, grace), _Child("gc", url, opts, grace)
             deadline = time.monotonic() + 60
             ok_w, ok_g = writer.wait_ready(deadline), collector.wait_ready(deadline)
             t0 = time.monotonic()
@@ -206,7 +213,7 @@ def run_soak(
 
             # ---- after the crash: validate, resume, check every complete step -------------
             full = full_validate_every > 0 and (trial % full_validate_every == full_validate_every - 1)
-            v = validate(url, full=full)
+            v = validate(url, full=full, storage_options=opts)
             errors = [f for f in v.findings if f.severity == "error"]
             if errors:
                 report["validate_errors"] += len(errors)
@@ -215,7 +222,7 @@ def run_soak(
             report["trials_leaving_incomplete_step"] += "incomplete_step" in kinds
             report["trials_leaving_orphans"] += "orphan_object" in kinds
 
-            store = open_store(url)
+            store = open_store(url, storage_options=opts)
             complete = store.complete_steps()
             latest = complete[-1] if complete else None
             if latest is not None:
@@ -262,11 +269,11 @@ def run_soak(
                     f"latest={latest} complete={len(complete)} findings={sorted(kinds)}"
                 )
         # at the end: a full validate, and every complete step once more
-        v = validate(url, full=True)
+        v = validate(url, full=True, storage_options=opts)
         report["final_validate_ok"] = v.ok
         if not v.ok:
             report["validate_errors"] += sum(1 for f in v.findings if f.severity == "error")
-        store = open_store(url)
+        store = open_store(url, storage_options=opts)
         for step in store.complete_steps():
             try:
                 if not _same(store.read(step), soak_state(step)):
@@ -322,6 +329,27 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def start_moto(logdir: str) -> tuple[Any, str]:
+    """A moto S3 server process on 127.0.0.1 (a free port), ready; returns (process, endpoint)."""
+    import re
+    import subprocess
+
+    exe = Path(sys.executable).with_name("moto_server")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+    log = Path(logdir) / "moto_server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", "0"], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        m = re.search(rb"Running on http://127\.0\.0\.1:(\d+)", log.read_bytes())
+        if m:
+            return proc, f"http://127.0.0.1:{int(m.group(1))}"
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"moto_server did not start: {log.read_text(errors='replace')[-500:]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=100)
@@ -330,9 +358,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-kill-seconds", type=float, default=1.5)
     ap.add_argument("--json", help="write the report here too")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--s3", action="store_true", help="run against a moto S3 server started here (grace 3 s)")
     args = ap.parse_args(argv)
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    report = run_soak(args.trials, args.seed, args.dir, args.max_kill_seconds, log=log)
+    if args.s3:
+        import boto3
+
+        from ravex.format.remote import s3_storage_options
+
+        moto, endpoint = start_moto(tempfile.mkdtemp(prefix="ravex-soak-moto-"))
+        try:
+            boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="soak", aws_secret_access_key="soak",
+                         region_name="us-east-1").create_bucket(Bucket="ravex-soak")
+            opts = s3_storage_options(endpoint=endpoint, region="us-east-1", access_key="soak", secret_key="soak",
+                                      env={})
+            # S3 LastModified has 1 s resolution: an object can look up to 1 s older than it is
+            report = run_soak(args.trials, args.seed, args.dir, args.max_kill_seconds, log=log,
+                              url=f"s3://ravex-soak/run-{args.seed}", storage_options=opts, grace_seconds=3.0)
+        finally:
+            moto.terminate()
+            moto.wait()
+    else:
+        report = run_soak(args.trials, args.seed, args.dir, args.max_kill_seconds, log=log)
     text = json.dumps(report, indent=2)
     print(text)
     print(table(report), file=sys.stderr)
