@@ -149,7 +149,7 @@ class InspectorApp(App[None]):
                 )
             return
         self.show_message(None)
-        self.query_one(StepsPane).set_steps(summaries)
+        self.query_one(StepsPane).set_steps(summaries, final=done)
         if done and not any(s.complete for s in summaries):
             self.notify("No step is complete yet: a run may be writing its first checkpoint.", severity="warning")
 
@@ -479,7 +479,7 @@ class InspectorApp(App[None]):
         if report.ok:
             title.append("✓ ok", style="bold green")
         else:
-            title.append(f"✗ {len(errors)} errors", style="bold red")
+            title.append(f"✗ {len(errors)} error{'s' if len(errors) != 1 else ''}", style="bold red")
         title.append(f": {len(report.steps_checked)} steps, {report.objects_checked} objects rehashed, "
                      f"{len(self.findings) - len(errors)} warnings")
         self.query_one("#validate-title", Static).update(title)

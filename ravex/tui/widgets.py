@@ -42,8 +42,10 @@ class StepsPane(Vertical):
     def on_mount(self) -> None:
         self.border_title = "steps"
 
-    def set_steps(self, summaries: list[StepSummary]) -> None:
-        """Replace the list; keeps the highlighted step when it is still there."""
+    def set_steps(self, summaries: list[StepSummary], final: bool = True) -> None:
+        """Replace the list, keeping the highlighted step. ``final``: the listing is done, so
+        highlight the newest complete step if nothing is highlighted yet (while a long listing
+        is still loading, batches only add rows and move nothing)."""
         options = self.query_one(OptionList)
         keep = self.highlighted_step
         self.summaries = list(summaries)
@@ -57,8 +59,12 @@ class StepsPane(Vertical):
         self.border_subtitle = f"{len(complete)} complete" + (
             f", {len(self.summaries) - len(complete)} incomplete" if len(complete) < len(self.summaries) else ""
         )
-        target = keep if keep is not None else (complete[-1] if complete else self.summaries[-1].step)
-        self.highlight(target)
+        if keep is not None:
+            self.highlight(keep)
+        elif final:
+            self.highlight(complete[-1] if complete else self.summaries[-1].step)
+        else:
+            options.highlighted = None
 
     def _draw_sparkline(self) -> None:
         width = self.content_size.width - 8

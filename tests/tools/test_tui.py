@@ -128,7 +128,7 @@ async def test_validate_finds_a_corrupted_chunk_and_opens_its_tensor(run_store):
         assert app.mode == "validate" and app.validated
         bad = [f for f in app.findings if f.kind == "hash_mismatch"]
         assert len(bad) == 1 and app.findings[0] is bad[0]  # errors first
-        assert "✗ 1 errors" in str(app.query_one("#validate-title").render())
+        assert "✗ 1 error:" in str(app.query_one("#validate-title").render())
         assert bad[0].tensor in open_store(run_store).open_step(bad[0].step).arrays
         await pilot.press("enter")  # open the tensor the finding names
         await settle(pilot)
