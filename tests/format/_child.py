@@ -1,10 +1,13 @@
 """Child processes of the format tests (real processes, one store). Not a test module.
 
-    _child.py writer STORE [--max-steps N] [--trace] [--size S]
+    _child.py writer STORE [--max-steps N] [--trace] [--size S] [--compression C] [--stop-on-eof]
+                           [--block rename:N | --block manifest:N]
         commits writer_state(step) for step = latest + 1, latest + 2, ... printing
         "committing N" / "committed N"; with --trace also "write KEY" / "wrote KEY"
         around every storage write. Stops after N steps, or with --stop-on-eof when
-        its stdin closes (checked between commits).
+        its stdin closes (checked between commits). --block prints "blocked KEY" and
+        blocks forever before the N-th rename of a written file (of a manifest), so
+        that the parent's SIGKILL lands exactly there.
     _child.py rank STORE RANK WORLD RUN
         prints "ready", waits for "go" on stdin, commits rank_state(RANK) as its rank of
         step 1, prints "done".
@@ -79,6 +82,7 @@ def run_writer(argv: list[str]) -> None:
     url = argv[0]
     max_steps = int(argv[argv.index("--max-steps") + 1]) if "--max-steps" in argv else None
     size = int(argv[argv.index("--size") + 1]) if "--size" in argv else 1
+    compression = argv[argv.index("--compression") + 1] if "--compression" in argv else "none"
     store = open_store(url)
     if "--trace" in argv:
         storage = store.storage
@@ -91,6 +95,24 @@ def run_writer(argv: list[str]) -> None:
 
         storage.write = write  # the child's own progress report, through the storage seam
 
+    if "--block" in argv:  # block (until killed) before the N-th rename of a finished file
+        rule, _, n = argv[argv.index("--block") + 1].partition(":")
+        renames = {"rename": 0, "manifest": 0}
+        real_replace = os.replace
+
+        def replace(src: str, dst: str) -> None:
+            with _out:
+                renames["rename"] += 1
+                manifest = os.path.basename(dst).startswith("rank-")
+                renames["manifest"] += manifest
+                hit = renames[rule] == int(n) and (rule == "rename" or manifest)
+            if hit:
+                emit(f"blocked {os.path.relpath(dst, store.url)}")
+                threading.Event().wait()  # never set: the parent kills this process now
+            real_replace(src, dst)
+
+        os.replace = replace  # the child's own instrument: the only rename LocalStorage makes
+
     stop = threading.Event()
     if "--stop-on-eof" in argv:
 
@@ -101,7 +123,7 @@ def run_writer(argv: list[str]) -> None:
         threading.Thread(target=watch, daemon=True).start()
     step = (store.latest_step() or 0) + 1
     done = 0
-    with store.writer(chunk_bytes=256 << 10, threads=2) as w:
+    with store.writer(chunk_bytes=256 << 10, threads=2, compression=compression) as w:
         emit(f"start {step}")
         while not stop.is_set() and (max_steps is None or done < max_steps):
             state = writer_state(step, size)
@@ -125,8 +147,34 @@ def run_rank(argv: list[str], make: object) -> None:
     emit(f"done {stats.new_bytes}")
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (the zygote) exits, so that a writer
+    blocked by --block never outlives a test that failed before killing it."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_zygote() -> None:
     emit("zygote ready")
+    live: set[int] = set()
+    try:
+        _serve(live)
+    finally:
+        for pid in live:  # never leave a forked writer behind
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+
+def _serve(live: set[int]) -> None:
+    parent = os.getpid()
     for line in sys.stdin:
         cmd, *args = line.split()
         if cmd == "fork":
@@ -135,6 +183,9 @@ def run_zygote() -> None:
             if pid == 0:  # the writer: a process of its own, killed by the test
                 code = 1
                 try:
+                    _die_with_parent()
+                    if os.getppid() != parent:
+                        os._exit(1)
                     run_writer(args)
                     code = 0
                 except BaseException:
@@ -142,10 +193,12 @@ def run_zygote() -> None:
                 finally:
                     sys.stdout.flush()
                     os._exit(code)
+            live.add(pid)
             emit(f"forked {pid}")
         elif cmd == "reap":
             pid = int(args[0])
             _, status = os.waitpid(pid, 0)
+            live.discard(pid)
             emit(f"reaped {pid} {status}")
         elif cmd == "quit":
             break

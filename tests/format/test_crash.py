@@ -3,6 +3,7 @@ leaves a store where every complete step reads back exactly and nothing else is 
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import signal
@@ -16,7 +17,7 @@ from ravex.format.validate import validate
 
 TRIALS = int(os.environ.get("RAVEX_CRASH_TRIALS", "32"))
 SEED = int(os.environ.get("RAVEX_CRASH_SEED", "20261202"))
-KINDS = ("committing", "object", "object", "manifest", "manifest", "committed")
+KINDS = ("committing", "object", "object", "manifest", "committed", "block-rename", "block-manifest")
 
 
 class Zygote:
@@ -60,11 +61,17 @@ def zygote():
             z.proc.wait()
 
 
-def kill_at(z: Zygote, url: str, rng: random.Random) -> dict:
+def kill_at(z: Zygote, url: str, rng: random.Random, size: int, kind: str) -> dict:
     """Fork a writer; SIGKILL it when its output reaches a randomly chosen line; reap it."""
-    kind, commit = rng.choice(KINDS), rng.randrange(3)
+    commit = rng.randrange(3)
     nth = rng.randrange(4)  # which object write of the commit
-    z.send(f"fork {url} --trace --max-steps 6")
+    compression = rng.choice(["none", "none", "zstd", "blosc"])  # a resumed run may change it
+    block = ""
+    if kind == "block-rename":  # killed while blocked just before a file's rename
+        block = f" --block rename:{rng.randrange(1, 12)}"
+    elif kind == "block-manifest":  # killed with every object durable, the manifest a temp file
+        block = f" --block manifest:{commit + 1}"
+    z.send(f"fork {url} --trace --max-steps 6 --compression {compression} --size {size}{block}")
     pid = None
     commits = -1
     objects = 0
@@ -83,13 +90,13 @@ def kill_at(z: Zygote, url: str, rng: random.Random) -> dict:
                 objects = 0
             elif line.startswith("wrote objects/"):
                 objects += 1
-            hit = commits >= commit and (
+            hit = line.startswith("blocked ") or (commits >= commit and (
                 (kind == "committing" and line.startswith("committing "))
                 or (kind == "object" and line.startswith("wrote objects/") and objects > nth)
                 or (kind == "manifest" and line.startswith("write steps/"))
                 or (kind == "committed" and line.startswith("committed "))
-                or commits > commit + 1  # an object target this commit did not reach
-            )
+                or (not kind.startswith("block") and commits > commit + 1)  # a target this commit did not reach
+            ))
             if hit and killed_in is None:
                 killed_in = line
         if killed_in is not None and pid is not None:
@@ -102,17 +109,25 @@ def kill_at(z: Zygote, url: str, rng: random.Random) -> dict:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     last = [t for t in trail if t.startswith(("committing ", "committed "))]
     mid_commit = bool(last) and last[-1].startswith("committing ")
-    return {"target": (kind, commit, nth), "line": killed_in, "mid_commit": mid_commit}
+    return {"target": (kind, commit, nth), "line": killed_in, "mid_commit": mid_commit,
+            "blocked_manifest": killed_in.startswith("blocked steps/") and "/rank-" in killed_in}
 
 
-def test_sigkill_at_random_instants(tmp_path, zygote):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "trials,size,seed",
+    [(TRIALS, 1, SEED), pytest.param(40, 4, SEED + 1, marks=pytest.mark.slow, id="bigger-commits")],
+)
+def test_sigkill_at_random_instants(tmp_path, zygote, trials, size, seed):
     url = str(tmp_path / "store")
     open_store(url, create=True)
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     verified: set[int] = set()
     outcomes = []
-    for _trial in range(TRIALS):
-        outcomes.append(kill_at(zygote, url, rng))
+    schedule = [KINDS[i % len(KINDS)] for i in range(trials)]  # every kind, in a seeded order
+    rng.shuffle(schedule)
+    for kind in schedule:
+        outcomes.append(kill_at(zygote, url, rng, size, kind))
         store = open_store(url)
         report = validate(store)
         assert report.ok, [f.message for f in report.findings if f.severity == "error"]
@@ -120,22 +135,29 @@ def test_sigkill_at_random_instants(tmp_path, zygote):
         assert store.latest_step() == (complete[-1] if complete else None)
         for step in complete:
             if step not in verified:
-                assert_same(store.read(step), writer_state(step))
+                assert_same(store.read(step), writer_state(step, size))
                 verified.add(step)
         for step in set(store.step_numbers()) - set(complete):
             with pytest.raises(StepNotFoundError):
                 store.read(step)
+        if outcomes[-1]["blocked_manifest"]:  # all objects durable, the manifest a temp file
+            step = int(outcomes[-1]["line"].split("/")[1])
+            assert step not in complete and step == (complete[-1] if complete else 0) + 1
+            assert "incomplete_step" in report.kinds()
     zygote.close()
 
     store = open_store(url)
     final = validate(store, full=True)
     assert final.ok, [f.message for f in final.findings if f.severity == "error"]
-    print(f"{TRIALS} kills: {len(verified)} complete steps verified, "
+    print(f"{trials} kills {sorted(collections.Counter(o['target'][0] for o in outcomes).items())}: "
+          f"{len(verified)} complete steps verified, "
           f"{sum(o['mid_commit'] for o in outcomes)} kills inside a commit, findings {sorted(final.kinds())}")
-    assert len(verified) >= TRIALS // 2  # resumed from the newest complete step and made progress
+    assert len(verified) >= trials // 2  # resumed from the newest complete step and made progress
     for step in store.complete_steps():  # everything, once more, with a cold reader
-        assert_same(store.read(step), writer_state(step))
+        assert_same(store.read(step), writer_state(step, size))
     # the kills really landed inside commits and left debris that readers ignored
-    assert sum(o["mid_commit"] for o in outcomes) >= TRIALS // 3, outcomes
+    assert sum(o["mid_commit"] for o in outcomes) >= trials // 3, outcomes
     kinds = final.kinds()
-    assert "orphan_object" in kinds or any(name.startswith(".tmp-") for _, _, files in os.walk(url) for name in files)
+    assert "orphan_object" in kinds
+    assert any(name.startswith(".tmp-") for _, _, files in os.walk(url) for name in files)
+    assert sum(o["blocked_manifest"] for o in outcomes) >= 2  # killed with only the manifest missing
