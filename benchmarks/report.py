@@ -18,6 +18,11 @@ def _f(x: Any, fmt: str = ".3f") -> str:
     return format(x, fmt)
 
 
+def _range(d: dict[str, Any]) -> str:
+    t = d.get("times_s") or []
+    return f"{min(t):.2f}-{max(t):.2f}" if t else "-"
+
+
 def _mib(n: Any) -> str:
     return "-" if n is None else f"{n / MIB:,.1f}"
 
@@ -31,6 +36,7 @@ def tables(res: dict[str, Any]) -> list[Table]:
             rows.append([
                 name,
                 _f(d["median_s"]),
+                _range(d),
                 _f(d.get("gib_s")),
                 _f(d.get("speedup_vs_torch_save"), ".2f") + "x",
                 _f(d.get("fraction_of_disk_one_file"), ".2f"),
@@ -38,7 +44,7 @@ def tables(res: dict[str, Any]) -> list[Table]:
             ])
         out.append((
             f"Durable full-checkpoint write, {st.get('tensor_gib', 0):.2f} GiB state, median of {len(d['times_s'])}",
-            ["writer", "median s", "GiB/s", "speed vs torch.save", "x disk (1 file)", "stored MiB"],
+            ["writer", "median s", "range s", "GiB/s", "speed vs torch.save", "x disk (1 file)", "stored MiB"],
             rows,
         ))
     phases = [(n, d["ravex"]) for n, d in res.get("write", {}).items() if d.get("ravex")]
@@ -62,11 +68,12 @@ def tables(res: dict[str, Any]) -> list[Table]:
             row = [name]
             for which in ("cold", "warm") if has_cold else ("warm",):
                 x = d.get(which, {})
-                row += [_f(x.get("median_s")), _f(x.get("gib_s")), _f(x.get("speedup_vs_torch_load"), ".2f") + "x"]
+                row += [_f(x.get("median_s")), _range(x), _f(x.get("gib_s")),
+                        _f(x.get("speedup_vs_torch_load"), ".2f") + "x"]
             rows.append(row)
         head = ["loader"]
         for which in ("cold", "warm") if has_cold else ("warm",):
-            head += [f"{which} s", f"{which} GiB/s", f"{which} speed vs torch.load"]
+            head += [f"{which} s", "range", f"{which} GiB/s", f"{which} vs torch.load"]
         title = (
             "Load: page cache dropped before each cold load; warm = the same load again"
             if has_cold else "Load (warm page cache only: the page cache was not dropped)"
@@ -125,11 +132,12 @@ def tables(res: dict[str, Any]) -> list[Table]:
         sw = res["sweep"]
         rows = []
         for r in sw["rows"]:
-            rows.append([r["compression"], str(r["chunk_mib"]), str(r["threads"]), _f(r["median_s"]), _f(r["gib_s"])])
+            rows.append([r["compression"], str(r["chunk_mib"]), str(r["threads"]), _f(r["median_s"]), _range(r),
+                         _f(r["gib_s"])])
         best = ", ".join(f"{k}: {v['chunk_mib']} MiB x {v['threads']} threads" for k, v in sw["best"].items())
         out.append((
             f"Ravex writer sweep on {sw['state_bytes'] / GIB:.2f} GiB (best: {best})",
-            ["compression", "chunk MiB", "threads", "median s", "GiB/s"],
+            ["compression", "chunk MiB", "threads", "median s", "range s", "GiB/s"],
             rows,
         ))
     return out

@@ -179,9 +179,11 @@ def machine_notes(scratch: str) -> dict[str, Any]:
         notes["scratch_free_gib"] = round(st.f_bavail * st.f_frsize / GIB, 1)
     except OSError:
         pass
-    for mod in ("zarr", "numcodecs", "safetensors", "xxhash"):
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("zarr", "numcodecs", "safetensors", "xxhash", "ml_dtypes"):
         try:
-            notes[mod] = __import__(mod).__version__
-        except Exception:
-            notes[mod] = None
+            notes[dist] = version(dist)
+        except PackageNotFoundError:
+            notes[dist] = None
     return notes
