@@ -111,6 +111,13 @@ def counting(storage: Any, methods: tuple[str, ...] = READ_METHODS) -> Iterator[
             delattr(storage, name)
 
 
+def assert_metadata_only(writes: list[tuple], step: int, rank: int = 0) -> None:
+    """A commit that stored no object: it wrote its manifest (and the optional refs.json) only."""
+    keys = [c[1] for c in writes]
+    assert [k for k in keys if k.startswith("objects")] == [], keys
+    assert keys[0] == f"steps/{step}/rank-{rank}.json" and set(keys[1:]) <= {f"steps/{step}/refs.json"}, keys
+
+
 def object_calls(log: list[tuple]) -> list[tuple]:
     """The calls of a log that touched an object (or listed the objects folder)."""
     return [c for c in log if str(c[1]).startswith("objects")]
