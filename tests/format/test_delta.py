@@ -7,8 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fmt_helpers import assert_metadata_only, counting, object_calls, object_files, snapshot, tree_bytes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ravex.format import open_store
+from ravex.format.validate import validate
 
 CHUNK = 256 << 10  # chunks of 256 KiB get objects of their own; smaller ones are packed
 
@@ -147,3 +150,77 @@ def test_frozen_layer_written_once(tmp_path):
             w.commit(step, state)
             written = sum(s.st_size for s in object_files(store.url).values()) - before
             assert 4 * CHUNK <= written <= 1.05 * 4 * CHUNK
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[dict[str, np.ndarray]]:
+    """A few commits of a dict of float32 tensors; each commit edits some rows, adds, drops
+    or reshapes tensors, or reverts one to an earlier content."""
+    def fresh(seed: int) -> np.ndarray:
+        rows, cols = draw(st.integers(1, 40)), draw(st.integers(1, 48))
+        return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+
+    state = {f"t{i}": fresh(i) for i in range(draw(st.integers(1, 5)))}
+    out = [state]
+    for step in range(draw(st.integers(1, 4))):
+        state = dict(state)
+        for _ in range(draw(st.integers(0, 3))):
+            op = draw(st.sampled_from(["edit", "edit", "add", "drop", "reshape", "revert"]))
+            names = sorted(state)
+            if op == "add" or not names:
+                state[f"n{step}_{len(state)}"] = fresh(1000 + step)
+                continue
+            name = draw(st.sampled_from(names))
+            if op == "edit":
+                a = state[name].copy()
+                lo = draw(st.integers(0, len(a) - 1))
+                a[lo : lo + draw(st.integers(1, 8))] += 1
+                state[name] = a
+            elif op == "drop":
+                del state[name]
+            elif op == "reshape":
+                state[name] = state[name].reshape(-1, 1).copy()
+            elif op == "revert":
+                older = draw(st.sampled_from(out))
+                if name in older:
+                    state[name] = older[name]
+        out.append(state)
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories())
+def test_any_history_reads_back_and_writes_at_most_what_changed(tmp_path_factory, history):
+    root = tmp_path_factory.mktemp("hist") / "s"
+    store = open_store(root, create=True)
+    prev: dict[str, np.ndarray] = {}
+    sent = [0]  # object bytes handed to storage (a rewrite of an existing object counts too)
+    real_write = store.storage.write
+
+    def write(key: str, data) -> None:
+        if key.startswith("objects/"):
+            sent[0] += memoryview(data).nbytes
+        real_write(key, data)
+
+    store.storage.write = write
+    with store.writer(chunk_bytes=1024, threads=2) as w:
+        for step, state in enumerate(history, start=1):
+            before, sent[0] = sum(s.st_size for s in object_files(root).values()), 0
+            w.commit(step, state)
+            grown = sum(s.st_size for s in object_files(root).values()) - before
+            reader = store.open_step(step)
+            changed = 0  # padded bytes of chunks whose content is not that chunk's previous content
+            for name, a in state.items():
+                crow = reader.arrays[name].chunk_shape[0]
+                old = prev.get(name)
+                for lo in range(0, len(a), crow):
+                    same = old is not None and old.shape == a.shape and old[lo : lo + crow].tobytes() == a[
+                        lo : lo + crow].tobytes()
+                    changed += 0 if same else crow * a[0].nbytes
+            assert grown <= sent[0] <= changed, (step, grown, sent[0], changed)
+            got = open_store(root).read(step)
+            assert list(got) == list(state)
+            for name, a in state.items():
+                assert got[name].shape == a.shape and got[name].tobytes() == a.tobytes()
+            prev = state
+    assert validate(store, full=True).ok
