@@ -31,15 +31,9 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from faultproxy import FaultProxy  # noqa: E402
+from rhelpers import BUCKET, KEY, SECRET  # noqa: E402
 
-from ravex.format.remote import s3_storage_options  # noqa: E402
-from ravex.format.storage import RetryPolicy  # noqa: E402
-
-BUCKET = "ravex-test"
-KEY, SECRET = "testing-key", "testing-secret"
 STARTUP_SECONDS = 60.0
-#: Retries fast enough for tests, as many tries as the default.
-FAST_RETRY = RetryPolicy(tries=6, base_delay=0.02, max_delay=0.3, budget_seconds=5.0)
 
 
 @dataclass
@@ -123,16 +117,6 @@ def proxy(moto_server):
     p = FaultProxy(moto_server.port, seed=1234).start()
     yield p
     p.stop()
-
-
-def options_for(endpoint: str, **extra) -> dict:
-    """s3fs options for the test server, through the module under test."""
-    opts = s3_storage_options(
-        endpoint=endpoint, region="us-east-1", access_key=KEY, secret_key=SECRET, env={}, **extra
-    )
-    # Each store gets its own s3fs instance: a test's proxy must not leak into another's.
-    opts["skip_instance_cache"] = True
-    return opts
 
 
 @pytest.fixture

@@ -7,6 +7,23 @@ from typing import Any
 import numpy as np
 
 from ravex.format.hashing import digest
+from ravex.format.remote import s3_storage_options
+from ravex.format.storage import RetryPolicy
+
+BUCKET = "ravex-test"
+KEY, SECRET = "testing-key", "testing-secret"
+#: Retries fast enough for tests, as many tries as the default.
+FAST_RETRY = RetryPolicy(tries=6, base_delay=0.02, max_delay=0.3, budget_seconds=5.0)
+
+
+def options_for(endpoint: str, **extra: Any) -> dict:
+    """s3fs options for the test server, through the module under test."""
+    opts = s3_storage_options(
+        endpoint=endpoint, region="us-east-1", access_key=KEY, secret_key=SECRET, env={}, **extra
+    )
+    # Each store gets its own s3fs instance: a test's proxy must not leak into another's.
+    opts["skip_instance_cache"] = True
+    return opts
 
 
 def state(step: int, small: int = 40, big_rows: int = 512) -> dict[str, Any]:

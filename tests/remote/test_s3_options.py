@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BUCKET, FAST_RETRY, KEY, SECRET
-from rhelpers import assert_same, state
+from rhelpers import BUCKET, FAST_RETRY, KEY, SECRET, assert_same, state
 
 from ravex.format import open_store
 from ravex.format.errors import RavexError, RemoteConfigError

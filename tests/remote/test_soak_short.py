@@ -39,7 +39,7 @@ def test_crash_soak_full(tmp_path):
 
 
 def test_crash_soak_short_over_s3(moto_server, s3_url):
-    from conftest import options_for
+    from rhelpers import options_for
 
     opts = options_for(moto_server.url)
     opts.pop("skip_instance_cache")
