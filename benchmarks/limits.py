@@ -56,13 +56,14 @@ def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int =
     when the end is reached, as before a manifest is written; the kernel can write back
     while later objects are still being written instead of one journal commit per object)."""
     src = _pattern(obj_bytes)
+    sizes = list(_blocks(total, obj_bytes))
     os.makedirs(path)
-    folders = [os.path.join(path, f"{i:02x}") for i in range(256)]
+    folders = [os.path.join(path, f"{i:02x}") for i in range(min(256, len(sizes)))]
     for f in folders:
         os.mkdir(f)
 
     def put(i: int, n: int) -> None:
-        fd = os.open(os.path.join(folders[i % 256], f"{i:08x}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(os.path.join(folders[i % len(folders)], f"{i:08x}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = src[:n]
             while view:
@@ -72,12 +73,11 @@ def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int =
         finally:
             os.close(fd)
 
-    sizes = list(_blocks(total, obj_bytes))
     with ThreadPoolExecutor(threads) as pool:
         for fut in [pool.submit(put, i, n) for i, n in enumerate(sizes)]:
             fut.result()
         if defer:
-            names = [os.path.join(folders[i % 256], f"{i:08x}") for i in range(len(sizes))]
+            names = [os.path.join(folders[i % len(folders)], f"{i:08x}") for i in range(len(sizes))]
             for fut in [pool.submit(fsync_path, name) for name in names]:
                 fut.result()
     for f in folders:
