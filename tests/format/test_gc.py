@@ -130,7 +130,7 @@ def test_gc_races_a_writer(tmp_path):
     Every retained step must stay readable, and GC must really delete while the writer runs."""
     url = str(tmp_path / "store")
     open_store(url, create=True)
-    grace = 2.0
+    grace = 3.0  # above any one commit (~50 ms here), with room for a loaded machine
     proc = spawn("writer", url, "--stop-on-eof", stdin=True)
     deleted_steps = deleted_objects = gcs = 0
     try:

@@ -124,8 +124,9 @@ def test_array_roundtrip_every_compression(tmp_path_factory, arr, compression):
     assert_same(got, arr.copy())
 
 
+@pytest.mark.parametrize("compression", ["none", "blosc"])
 @pytest.mark.parametrize("name", DTYPE_NAMES)
-def test_every_dtype_every_shape(tmp_path, name):
+def test_every_dtype_every_shape(tmp_path, name, compression):
     """Each dtype: 0-d, empty along dim 0 and a later dim, non-contiguous, multi-chunk with a
     padded edge chunk, whole-object chunks (>= 256 KiB) and packed ones, read whole and by rows."""
     dt = BY_NAME[name].numpy.newbyteorder("=")
@@ -147,7 +148,7 @@ def test_every_dtype_every_shape(tmp_path, name):
         "big": big,  # > 256 KiB chunks for 8-byte types with chunk_bytes=256 KiB
     }
     store = open_store(tmp_path / "s", create=True)
-    with store.writer(chunk_bytes=256 << 10) as w:
+    with store.writer(chunk_bytes=256 << 10, compression=compression) as w:
         w.commit(1, tree)
     reader = open_store(tmp_path / "s").open_step(1)
     got = reader.read()
