@@ -55,7 +55,7 @@ def _format(args: argparse.Namespace) -> int:
     try:
         res: dict[str, Any] = {
             "suite": "format",
-            "command": "python -m benchmarks " + " ".join(sys.argv[1:]),
+            "command": "python -m benchmarks " + " ".join(args.argv),
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "git": git_rev(REPO),
             "machine": machine_notes(args.dir),
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--plain", action="store_true")
     r.set_defaults(func=_report)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 
