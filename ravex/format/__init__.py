@@ -25,9 +25,13 @@ from .errors import (
     UnsafeNameError,
     UnsupportedValueError,
 )
+from .export import export_safetensors, export_zarr
 from .reader import ArrayRef, StepReader
+from .refs import write_refs
 from .store import CheckpointStore, StepInfo, open_store
+from .tensorstore_spec import open_tensorstore, tensorstore_spec
 from .writer import ArrayShard, CommitStats, StepWriter
+from .zarr_store import StepStore  # importing it teaches zarr-python bfloat16 and float8
 
 __all__ = [
     "SPEC_VERSION",
@@ -43,9 +47,15 @@ __all__ = [
     "StepInfo",
     "StepNotFoundError",
     "StepReader",
+    "StepStore",
     "StepWriter",
     "StoreNotFoundError",
     "UnsafeNameError",
     "UnsupportedValueError",
+    "export_safetensors",
+    "export_zarr",
     "open_store",
+    "open_tensorstore",
+    "tensorstore_spec",
+    "write_refs",
 ]

@@ -14,6 +14,7 @@ again, and GC never deletes such a step (spec/FORMAT.md, "Garbage collection").
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -31,10 +32,13 @@ from .errors import RavexError, UnsupportedValueError
 from .hashing import digest
 from .manifest import ArrayEntry, ChunkRef, Manifest
 from .names import escape_key, manifest_key, object_key
+from .refs import write_refs
 from .values import encode_value
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
+
+logger = logging.getLogger("ravex.format")
 
 #: Target chunk size along the leading dimension (see benchmarks/ for why 4 MiB:
 #: local fsync'd writes reach their plateau at 4 MiB objects, and smaller chunks
@@ -293,12 +297,19 @@ class StepWriter:
         self.store.storage.sync()
         if self.delta:
             self._base, self._base_step, self._base_at = _reuse_index(manifest), step, time.monotonic()
+        t_refs = time.perf_counter()
+        if self.world_size == 1:  # complete now; with several ranks, whoever sees it complete calls write_refs
+            try:
+                write_refs(self.store, step)
+            except (RavexError, OSError) as exc:  # the step is complete and readable without it
+                logger.warning("ravex: step %d is complete but its refs.json was not written: %s", step, exc)
         ended = time.perf_counter()
         stats.seconds = {
             "hash": timings.hash,
             "encode": timings.encode,
             "write": timings.write,
-            "manifest": ended - t_sync,
+            "manifest": t_refs - t_sync,
+            "refs": ended - t_refs,
             "total": ended - started,
         }
         return stats
