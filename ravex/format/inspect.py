@@ -21,7 +21,7 @@ from .diff import StepDiff, TensorDiff, diff
 from .dtypes import data_type
 from .errors import ManifestError, RavexError
 from .hashing import digest
-from .manifest import ArrayEntry
+from .manifest import ArrayEntry, Manifest
 from .names import manifest_key, object_key, step_dir, unescape_key
 from .reader import ArrayRef, StepReader
 from .store import CheckpointStore
@@ -406,8 +406,7 @@ def validate_with_progress(
     so that a caller can show how far it got.
     """
     progress = progress or _noop
-    progress(0, 0, "listing")
-    report = validate(store, full=False)
+    report = validate(_CountingStore(store, progress), full=False)
     if not full:
         return report
     missing = {f.object for f in report.findings if f.kind in ("missing_object", "size_mismatch")}
@@ -443,6 +442,23 @@ def validate_with_progress(
     report.objects_checked = len(names)
     progress(len(names), len(names), "")
     return report
+
+
+class _CountingStore(CheckpointStore):
+    """The same store, reporting ``progress`` as the validator reaches each step's manifests."""
+
+    def __init__(self, store: CheckpointStore, progress: Progress) -> None:
+        super().__init__(store.storage, store.root)
+        self._progress = progress
+        self._numbers = store.step_numbers()
+        self._seen: set[int] = set()
+        progress(0, len(self._numbers), "manifests")
+
+    def manifest(self, step: int, rank: int) -> Manifest:  # docstring inherited
+        if step not in self._seen:
+            self._seen.add(step)
+            self._progress(len(self._seen) - 1, len(self._numbers), f"step {step}")
+        return super().manifest(step, rank)
 
 
 def damaged_chunks(store: CheckpointStore, name: str, data: bytes, steps: Iterable[int]) -> list[Finding]:

@@ -448,9 +448,10 @@ class InspectorApp(App[None]):
 
         def progress(done: int, total: int, what: str) -> None:
             step = max(1, total // 100)
-            if done == total or done - last[0] >= step:
+            if done == total or done < last[0] or done - last[0] >= step:
                 last[0] = done
-                self.call_from_thread(self._set_validation_progress, generation, done, total)
+                phase = "reading manifests" if what.startswith(("step", "manifests")) else "rehashing objects"
+                self.call_from_thread(self._set_validation_progress, generation, done, total, phase)
 
         try:
             report = validate_with_progress(self.store, full=True, progress=progress)
@@ -460,9 +461,10 @@ class InspectorApp(App[None]):
             return
         self.call_from_thread(self._set_validation_done, generation, report)
 
-    def _set_validation_progress(self, generation: int, done: int, total: int) -> None:
+    def _set_validation_progress(self, generation: int, done: int, total: int, phase: str) -> None:
         if generation == self._generation:
             self.query_one("#validate-progress", ProgressBar).update(total=total or None, progress=done)
+            self.query_one("#validate-title", Static).update(Text(f"validating: {phase}…", "bold"))
 
     def _set_validation_title(self, generation: int, text: Text) -> None:
         if generation == self._generation:

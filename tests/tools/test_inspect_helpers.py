@@ -93,6 +93,7 @@ def test_validate_with_progress_names_the_damaged_chunk_of_a_pack(tmp_path):
     seen = []
     report = validate_with_progress(open_store(path), full=True, progress=lambda d, t, w: seen.append((d, t)))
     assert not report.ok and seen[-1][0] == seen[-1][1] == report.objects_checked
+    assert seen[:3] == [(0, 3), (0, 3), (1, 3)]  # the manifests of each step, then each object
     [bad] = report.findings
     # the corrupt byte lies in head.weight's chunk, though its pack holds other tensors' chunks too
     assert (bad.kind, bad.step, bad.tensor, bad.chunk) == ("hash_mismatch", 300, "model/head.weight", "c/0/0")
