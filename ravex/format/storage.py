@@ -256,9 +256,16 @@ class LocalStorage(Storage):
 
         Moving it aside first closes the race with a writer that re-stores the same bytes
         between GC's listing and the delete: either the writer's copy lands after the move
-        (and stays), or it is the one moved aside, found young, and put back.
+        (and stays), or it is the one moved aside, found young, and put back. A young object
+        is not moved at all when the age check before the move already sees it: a GC killed
+        between moving it aside and putting it back would lose it for the writer's step.
         """
         path = self._path(key)
+        try:
+            if os.stat(path).st_mtime >= cutoff:
+                return False
+        except FileNotFoundError:
+            return False
         aside = os.path.join(os.path.dirname(path), f".gc-{uuid.uuid4().hex}")
         try:
             os.rename(path, aside)
