@@ -16,7 +16,8 @@
     _child.py zygote
         imports everything once, prints "zygote ready", then serves stdin commands:
         "fork ARGS..." forks a writer process (as ``writer ARGS...``; its lines go to this
-        stdout) and prints "forked PID"; "reap PID" waits for it and prints "reaped PID STATUS".
+        stdout) and prints "forked PID" ("fork gc STORE KEEP" forks a traced GC instead);
+        "reap PID" waits for it and prints "reaped PID STATUS".
         Saves the interpreter start-up (seconds on a loaded machine) per crash trial.
 """
 
@@ -135,6 +136,26 @@ def run_writer(argv: list[str]) -> None:
     emit("exit")
 
 
+def run_gc(argv: list[str]) -> None:
+    """GC with keep_last=argv[1] and no grace, printing "delete KEY" before each deletion."""
+    store = open_store(argv[0])
+    storage = store.storage
+    for method in ("delete", "delete_if_older"):
+        orig = getattr(storage, method, None)
+        if orig is None:
+            continue
+
+        def traced(keys: object, *args: object, _orig: object = orig) -> object:
+            listed = [keys] if isinstance(keys, str) else list(keys)  # type: ignore[call-overload]
+            for key in listed:
+                emit(f"delete {key}")
+            return _orig(keys if isinstance(keys, str) else listed, *args)  # type: ignore[operator]
+
+        setattr(storage, method, traced)
+    report = store.gc(keep_last=int(argv[1]), grace_seconds=0)
+    emit(f"gc done {len(report.deleted_steps)} {report.deleted_objects}")
+
+
 def run_rank(argv: list[str], make: object) -> None:
     url, rank, world, run = argv[0], int(argv[1]), int(argv[2]), argv[3]
     store = open_store(url)
@@ -186,7 +207,10 @@ def _serve(live: set[int]) -> None:
                     _die_with_parent()
                     if os.getppid() != parent:
                         os._exit(1)
-                    run_writer(args)
+                    if args[0] == "gc":
+                        run_gc(args[1:])
+                    else:
+                        run_writer(args)
                     code = 0
                 except BaseException:
                     traceback.print_exc()

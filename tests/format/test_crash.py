@@ -161,3 +161,49 @@ def test_sigkill_at_random_instants(tmp_path, zygote, trials, size, seed):
     assert "orphan_object" in kinds
     assert any(name.startswith(".tmp-") for _, _, files in os.walk(url) for name in files)
     assert sum(o["blocked_manifest"] for o in outcomes) >= 2  # killed with only the manifest missing
+
+
+def test_sigkill_gc_at_random_instants(tmp_path, zygote):
+    """GC killed at any of its deletions (manifests first, then objects) leaves every complete
+    step readable and the store valid; the next GC finishes the job."""
+    url = str(tmp_path / "store")
+    store = open_store(url, create=True)
+    rng = random.Random(SEED + 7)
+    kills = 0
+    step = 0
+    with store.writer(chunk_bytes=256 << 10) as w:
+        for _trial in range(12):
+            for _ in range(3):
+                step += 1
+                w.commit(step, writer_state(step))
+            target = rng.randrange(1, 14)
+            zygote.send(f"fork gc {url} {rng.randrange(1, 3)}")
+            pid, seen, killed = None, 0, False
+            while True:
+                line = zygote.readline()
+                if line.startswith("forked "):
+                    pid = int(line.split()[1])
+                elif line.startswith("delete "):
+                    seen += 1
+                elif line.startswith("gc done") or line.startswith("Traceback"):
+                    assert line.startswith("gc done"), line
+                    break
+                if pid is not None and seen >= target and not killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+                    break
+            zygote.send(f"reap {pid}")
+            while not zygote.readline().startswith(f"reaped {pid} "):
+                pass
+            kills += killed
+            check = open_store(url)
+            report = validate(check)
+            assert report.ok, [f.message for f in report.findings if f.severity == "error"]
+            assert check.latest_step() == step  # GC never drops the newest complete step
+            for s in check.complete_steps():
+                assert_same(check.read(s), writer_state(s))
+    assert kills >= 6
+    store.gc(keep_last=1, grace_seconds=0)
+    final = validate(url, full=True)
+    assert final.findings == [], final.findings
+    assert_same(open_store(url).read(step), writer_state(step))
