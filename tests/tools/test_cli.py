@@ -236,3 +236,65 @@ def test_export_pt_loads_with_weights_only(cli, run_store, tmp_path):
     want = open_store(run_store).read(300)
     np.testing.assert_array_equal(state["model"]["embed.weight"].numpy(), want["model"]["embed.weight"])
     assert state["optimizer"]["param_groups"][0]["lr"] == want["optimizer"]["param_groups"][0]["lr"]
+
+
+def test_on_a_store_written_by_a_real_training_run(cli, tmp_path):
+    """examples/train_demo.py with Ravex active, then the verbs from its directory, as a user would."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    __import__("pytest").importorskip("torch")
+    (tmp_path / "ravex.yaml").write_text("storage: ./checkpoints\ncheckpoint_every: 10\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("RAVEX_")}
+    env["PYTHONPATH"] = str(ROOT)
+    train = subprocess.run([sys.executable, str(ROOT / "examples" / "train_demo.py"), "--activate", "--epochs", "1"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, train.stderr[-2000:]
+    steps = cli("ls", "--json").json()["steps"]
+    assert [s["step"] for s in steps] == [10, 16] and all(s["complete"] for s in steps)
+    d = cli("diff", "step_10", "latest", "--json").json()
+    changed = {t["name"] for t in d["tensors"] if t["status"] == "changed"}
+    assert "models/0/state/head.2.weight" in changed
+    assert all(t["rel_l2"] != "inf" for t in d["tensors"] if t["name"].startswith("models/"))
+    show = cli("show", "latest", "models/0/state/head.2.weight", "--json").json()
+    assert show["tensors"][0]["shape"] == [10, 512] and show["tensors"][0]["stats"]["nan"] == 0
+    r = cli("validate", "--full")
+    assert r.rc == 0 and "ok" in r.out, r
+
+
+def test_verbs_and_inspector_on_an_fsspec_url(capsys):
+    """A store behind an fsspec URL (memory://, in this process) reads like a local one."""
+    import asyncio
+
+    from conftest import settle
+    from stores import training_state
+
+    from ravex.cli_verbs import main
+    from ravex.tui.app import InspectorApp
+
+    url = "memory://tools-test/run"
+    store = open_store(url, create=True)
+    state = training_state(np.random.default_rng(3))
+    with store.writer() as w:
+        w.commit(1, state)
+        state["model"]["head.weight"] += 1
+        w.commit(2, state)
+    assert main(["ls", url, "--json"]) == 0
+    assert [s["step"] for s in json.loads(capsys.readouterr().out)["steps"]] == [1, 2]
+    assert main(["diff", f"{url}@1", f"{url}@2", "--json"]) == 0
+    assert [t["name"] for t in json.loads(capsys.readouterr().out)["tensors"]] == ["model/head.weight"]
+    assert main(["validate", url, "--full", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+    async def browse() -> None:
+        app = InspectorApp(url)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            assert app.step == 2 and len(app.leaves) == 16
+            await pilot.press("d")
+            await settle(pilot)
+            assert [t.name for t in app.diff_rows] == ["model/head.weight"]
+
+    asyncio.run(browse())
