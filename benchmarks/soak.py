@@ -1,11 +1,13 @@
 """Crash soak: SIGKILL writers and GC at random instants, then validate and resume, many times.
 
     python benchmarks/soak.py --trials 100 --seed 0 [--dir DIR] [--json out.json]
+    python benchmarks/soak.py --s3 --trials 40     # against a moto S3 server it starts
 
-One store lives through all trials. Each trial starts a writer process (it resumes
+One store lives through all trials. Each trial forks a writer process (it resumes
 from the newest complete step, drops the incomplete steps above it, and commits
 step after step of a state that is a pure function of the step number) and a GC
-process (retention keep-last/keep-every with a short grace, in a loop), waits until
+process (retention keep-last/keep-every with a short grace, in a loop; forked from
+this process, which has imported everything, so no time goes to start-up), waits until
 both are running, then SIGKILLs each at its own random instant. Then, in this
 process: validate the store, open the latest step and compare it bit for bit with
 the state it must hold ("resume"), read every step that became complete since the
