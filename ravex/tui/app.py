@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, ProgressBar, Static, Tree
+from textual.worker import get_current_worker
 
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
 from ravex.format.diff import TensorDiff
@@ -247,8 +248,18 @@ class InspectorApp(App[None]):
             d = compute_details(reader, leaf.path, previous, stats=False)
             width = self._details_width()
             self.call_from_thread(self._show_details, step, leaf, render_details(d, width))
-            d = compute_details(reader, leaf.path, previous, stats=True)
+            worker = get_current_worker()
+            if worker.is_cancelled:
+                return  # the user moved on before the statistics were read
+
+            def progress(done: int, total: int, what: str) -> None:
+                if worker.is_cancelled:  # a large tensor streams in blocks: stop between two
+                    raise _Cancelled
+
+            d = compute_details(reader, leaf.path, previous, stats=True, progress=progress)
             self.call_from_thread(self._show_details, step, leaf, render_details(d, width))
+        except _Cancelled:
+            return
         except Exception as exc:
             self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {_one_line(exc)}", "red"))
 
@@ -516,6 +527,10 @@ class InspectorApp(App[None]):
             return
         self._pending_tensor = name
         steps.highlight(step)
+
+
+class _Cancelled(Exception):
+    """Raised inside a worker whose result nobody wants any more."""
 
 
 def _display(tensor: str | None) -> str:

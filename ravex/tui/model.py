@@ -13,10 +13,11 @@ from typing import Any
 
 from rich.text import Text
 
-from ravex.format import StepReader
+from ravex.format import RavexError, StepReader
 from ravex.format.diff import TensorDiff
 from ravex.format.inspect import (
     ChunkShare,
+    Progress,
     StepSummary,
     TensorStats,
     chunk_sharing,
@@ -166,8 +167,13 @@ class TensorDetails:
     error: str | None = None
 
 
-def compute_details(reader: StepReader, path: str, previous: StepReader | None, stats: bool = True) -> TensorDetails:
-    """Metadata, chunk sharing with ``previous`` and (``stats=True``) statistics of one tensor."""
+def compute_details(
+    reader: StepReader, path: str, previous: StepReader | None, stats: bool = True, progress: Progress | None = None
+) -> TensorDetails:
+    """Metadata, chunk sharing with ``previous`` and (``stats=True``) statistics of one tensor.
+
+    ``progress`` is called between the blocks of a large tensor; it may raise to stop.
+    """
     e = reader.arrays[path]
     dt = dtype_name(e)
     try:
@@ -183,8 +189,8 @@ def compute_details(reader: StepReader, path: str, previous: StepReader | None, 
     )
     if stats:
         try:
-            d.stats = read_tensor_stats(reader, path)
-        except Exception as exc:  # corrupt chunks: show why, do not crash
+            d.stats = read_tensor_stats(reader, path, progress=progress)
+        except RavexError as exc:  # corrupt or missing chunks: show why, do not crash
             d.error = " ".join(str(exc).split())
     return d
 

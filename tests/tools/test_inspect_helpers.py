@@ -131,3 +131,32 @@ def test_step_names_and_default_store(tmp_path):
     (tmp_path / "ravex.yaml").write_text("storage: [unclosed\n")
     with pytest.raises(UsageError, match=r"ravex\.yaml"):
         default_store(str(tmp_path), {})
+
+
+def test_large_tensors_stream_in_blocks_with_the_same_statistics(tmp_path, monkeypatch):
+    import ravex.format.inspect as fi
+
+    store = open_store(tmp_path / "s", create=True)
+    x = np.random.default_rng(5).standard_normal((300, 7)).astype("float32")
+    x[17, 3] = np.nan
+    with store.writer(chunk_bytes=1024) as w:
+        w.commit(1, {"x": x})
+    reader = store.open_step(1)
+    whole = fi.read_tensor_stats(reader, "x", bins=10)
+    monkeypatch.setattr(fi, "STATS_WHOLE_BYTES", 1000)
+    monkeypatch.setattr(fi, "STATS_BLOCK_BYTES", 2000)
+    calls = []
+    streamed = fi.read_tensor_stats(reader, "x", bins=10, progress=lambda d, t, w: calls.append((d, t)))
+    assert calls[-1] == (calls[-1][1], calls[-1][1]) and len(calls) > 4  # two passes over several blocks
+    assert streamed.hist_counts == whole.hist_counts and streamed.nan == whole.nan == 1
+    for field in ("min", "max", "mean", "std", "l2"):
+        assert math.isclose(getattr(streamed, field), getattr(whole, field), rel_tol=1e-9)
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, total, what):
+        raise Stop
+
+    with pytest.raises(Stop):  # a caller can stop a long read between two blocks
+        fi.read_tensor_stats(reader, "x", progress=stop)
