@@ -72,12 +72,13 @@ class Pipeline:
             return self.compressor.encode(arr)
         return self.compressor.encode(raw)
 
-    def decode(self, stored: bytes | memoryview, size: int) -> bytes | memoryview:
+    def decode(self, stored: bytes | memoryview, size: int, into: memoryview | None = None) -> bytes | memoryview:
         """Decode into a buffer of exactly ``size`` bytes, the chunk's decoded size from the
-        metadata; anything that would decode to more (a decompression bomb) is refused."""
+        metadata (``into``, if given: then nothing is allocated); anything that would decode
+        to more (a decompression bomb) is refused."""
         if self.compressor is None:
             return stored
-        out = np.empty(size, dtype="u1")
+        out = np.empty(size, dtype="u1") if into is None else np.frombuffer(into, dtype="u1")
         try:
             self.compressor.decode(stored, out=out)
         except (ValueError, RuntimeError) as exc:

@@ -227,14 +227,16 @@ class StepReader:
             return
         else:
             stored = self._fetch(ref, where, packs)
-        try:
-            decoded = memoryview(pipe.decode(stored, full)).cast("B")
+        whole = offset == 0 and length == full and pipe.compressor is not None
+        try:  # a compressed chunk that fills its destination decodes straight into it
+            decoded = memoryview(pipe.decode(stored, full, into=dst if whole else None)).cast("B")
         except ValueError as exc:
             raise CorruptObjectError(f"{where}: {exc}") from None
         if decoded.nbytes != full:
             raise CorruptObjectError(f"{where}: decoded to {decoded.nbytes} bytes, expected {full}")
         _check_raw(decoded, ref, where)
-        dst[:] = decoded[offset : offset + length]
+        if not whole:
+            dst[:] = decoded[offset : offset + length]
 
     def _fetch(
         self, ref: ChunkRef, where: str, packs: dict[str, tuple[int, bytes | None]] | None = None

@@ -40,10 +40,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ravex.format")
 
-#: Target chunk size along the leading dimension (see benchmarks/ for why 4 MiB:
-#: local fsync'd writes reach their plateau at 4 MiB objects, and smaller chunks
-#: make deltas finer).
-DEFAULT_CHUNK_BYTES = 4 << 20
+#: Target chunk size along the leading dimension. benchmarks/RESULTS.md: fsync'd local
+#: writes of a 1 GiB state ran 0.62 GiB/s with 16 MiB chunks against 0.55 with 4 MiB and
+#: 0.32 with 1 MiB (4 threads); a tensor smaller than this is one chunk anyway, so deltas
+#: stay per tensor for all but the largest tensors.
+DEFAULT_CHUNK_BYTES = 16 << 20
 #: Chunks whose encoded bytes are at most this size live inline in the manifest.
 INLINE_MAX_BYTES = 512
 #: New chunks whose encoded size is below this are packed together into shared objects
@@ -70,7 +71,11 @@ class ArrayShard:
 
 @dataclass
 class CommitStats:
-    """What one commit did, for log lines, ``ravex ls`` and benchmarks."""
+    """What one commit did, for log lines, ``ravex ls`` and benchmarks.
+
+    ``seconds``: ``hash``, ``encode`` and ``write`` are summed over the worker threads
+    (where the work went); ``manifest``, ``refs`` and ``total`` are wall-clock.
+    """
 
     step: int
     arrays: int = 0
@@ -117,7 +122,8 @@ class _PlannedArray:
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     codecs: list[dict[str, Any]]
-    chunks: list[tuple[str, memoryview]]  # (chunk key, raw bytes, padded to the chunk shape)
+    chunks: list[tuple[str, memoryview]]  # (chunk key, raw bytes; an edge chunk is padded when hashed)
+    chunk_len: int  # bytes of a full chunk
     logical_bytes: int
 
 
@@ -212,6 +218,10 @@ class StepWriter:
             """The chunk's entry (or its encoded bytes, to be packed) and whether this
             commit stored new bytes for it."""
             pipe = pipeline(arr.codecs)
+            if raw.nbytes < arr.chunk_len:  # a Zarr edge chunk is stored at full size; pad it here,
+                padded = bytearray(arr.chunk_len)  # in the worker, so padding costs a chunk per thread
+                padded[: raw.nbytes] = raw
+                raw = memoryview(padded)
             t0 = time.perf_counter()
             raw_digest = digest(raw)
             t1 = time.perf_counter()
@@ -389,22 +399,18 @@ class StepWriter:
         codecs = codecs_for(self.compression, dtype.itemsize)
         flat = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
         if not shape:
-            return _PlannedArray(path, dtype, (), (), codecs, [("c", flat)], arr.nbytes)
+            return _PlannedArray(path, dtype, (), (), codecs, [("c", flat)], dtype.itemsize, arr.nbytes)
         tail = tuple(max(1, d) for d in shape[1:])
         chunk_shape = (rows, *tail)
         chunks: list[tuple[str, memoryview]] = []
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        chunk_len = rows * row_bytes
         if arr.size:
-            row_bytes = math.prod(shape[1:]) * dtype.itemsize
-            chunk_len = rows * row_bytes
             zeros = ("/0" * (len(shape) - 1))
             for i, start in enumerate(range(0, arr.shape[0], rows)):
                 raw = flat[start * row_bytes : (start + rows) * row_bytes]
-                if raw.nbytes < chunk_len:  # a Zarr edge chunk is stored at full size
-                    padded = bytearray(chunk_len)
-                    padded[: raw.nbytes] = raw
-                    raw = memoryview(padded)
                 chunks.append((f"c/{first + i}{zeros}", raw))
-        return _PlannedArray(path, dtype, shape, chunk_shape, codecs, chunks, arr.nbytes)
+        return _PlannedArray(path, dtype, shape, chunk_shape, codecs, chunks, chunk_len, arr.nbytes)
 
 
 def _rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> int:
