@@ -141,6 +141,7 @@ VERBS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int
     "disable": (_add_disable, cmd_disable),
     "status": (_add_status, cmd_status),
 }
+VERBS.update(__import__("ravex.cli_verbs", fromlist=["VERBS"]).VERBS)  # ls show diff validate gc export inspect
 
 
 def build_parser() -> argparse.ArgumentParser:
