@@ -100,7 +100,16 @@ class CheckpointStore:
                     step, world, tuple(ranks), False,
                     f"rank {r} belongs to another run or world size (mixed writers)",
                 )
-        return StepInfo(step, world, tuple(r for r in ranks if r < world), True)
+        if ranks[-1] >= world:
+            return StepInfo(step, world, tuple(ranks), False, f"rank {ranks[-1]} is beyond world_size {world}")
+        if world > 1:
+            from .reader import _merge
+
+            try:  # ranks that stored different bytes under one tensor name: unreadable
+                _merge([self.manifest(step, r) for r in ranks])
+            except ManifestError as exc:
+                return StepInfo(step, world, tuple(ranks), False, f"ranks disagree: {exc}")
+        return StepInfo(step, world, tuple(ranks), True)
 
     def steps(self) -> list[StepInfo]:
         """Every step, complete or not, ascending."""
