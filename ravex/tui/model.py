@@ -136,7 +136,7 @@ def render_step(s: StepSummary) -> Text:
     if not s.complete:
         t.append(f"incomplete: {s.problem}\n", style="yellow")
         t.append("Readers ignore this step; a writer may still be working on it.\n")
-    t.append(f"written   {short_time(s.created_at)}\n")
+    t.append(f"saved     {short_time(s.created_at)}\n")
     t.append(f"ranks     {len(s.ranks)}" + (f" of {s.world_size}" if s.world_size else "") + "\n")
     t.append(f"tensors   {s.tensors}\n")
     t.append(f"logical   {human_bytes(s.logical_bytes)}\n")

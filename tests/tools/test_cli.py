@@ -298,3 +298,18 @@ def test_verbs_and_inspector_on_an_fsspec_url(capsys):
             assert [t.name for t in app.diff_rows] == ["model/head.weight"]
 
     asyncio.run(browse())
+
+
+def test_inspect_verb_opens_the_app_on_the_named_or_default_store(tmp_path, monkeypatch):
+    from ravex.cli_verbs import main
+    from ravex.tui.app import InspectorApp
+
+    opened = []
+    monkeypatch.setattr(InspectorApp, "run", lambda self: opened.append((self.url, self.storage_options)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAVEX_STORAGE", raising=False)
+    monkeypatch.delenv("RAVEX_CONFIG", raising=False)
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\n")
+    assert main(["inspect"]) == 0
+    assert main(["inspect", "other"]) == 0
+    assert opened == [(str(tmp_path / "ckpt"), None), (str(tmp_path / "other"), None)]
