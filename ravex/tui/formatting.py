@@ -24,6 +24,20 @@ def human_bytes(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def short_bytes(n: float | None) -> str:
+    """At most five characters: ``0``, ``980``, ``42.3K``, ``1.1M``, ``12G``."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000 or unit == "P":
+            if not unit:
+                return str(int(n))
+            return f"{n:.1f}{unit}" if abs(n) < 99.95 else f"{n:.0f}{unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 def percent(x: float | None) -> str:
     """``0.953`` -> ``95%``; ``None`` -> ``-``."""
     return "-" if x is None else f"{x * 100:.0f}%"

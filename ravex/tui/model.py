@@ -36,6 +36,7 @@ from .formatting import (
     number,
     percent,
     shape_text,
+    short_bytes,
     short_time,
 )
 
@@ -118,14 +119,18 @@ def _level(leaves: list[Leaf], start: str, seps: str) -> list[tuple[str, Leaf | 
 # ---- steps pane --------------------------------------------------------------------------------
 
 
-def step_row(s: StepSummary, max_new: int, width: int = 10) -> Text:
-    """One line of the steps pane: ``step_300 ███▌  16.0 KiB``; incomplete steps marked."""
+def step_row(s: StepSummary, max_new: int, width: int = 6) -> Text:
+    """One line of the steps pane: name, size, a bar of the bytes it added, those bytes.
+
+    ``step_300  42.3K ██▌   +14.0K``; an incomplete step is marked instead.
+    """
     label = Text(f"step_{s.step}".ljust(10), style="bold" if s.complete else "dim")
     if not s.complete:
         label.append("✗ incomplete", style="yellow")
         return label
+    label.append(f"{short_bytes(s.logical_bytes):>6} ", style="dim")
     label.append(bar(s.new_bytes, max_new, width), style="green")
-    label.append(f" +{human_bytes(s.new_bytes)}")
+    label.append(f" +{short_bytes(s.new_bytes)}")
     return label
 
 

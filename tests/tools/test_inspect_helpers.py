@@ -20,12 +20,14 @@ from ravex.format.inspect import (
     tensor_stats,
     validate_with_progress,
 )
-from ravex.tui.formatting import bar, chunk_map, histogram_lines, human_bytes, number, sparkline
+from ravex.tui.formatting import bar, chunk_map, histogram_lines, human_bytes, number, short_bytes, sparkline
 from ravex.tui.model import Leaf, children, filter_leaves, step_leaves
 
 
 def test_human_numbers():
     assert [human_bytes(n) for n in (0, 1023, 1536, 5 << 20, None)] == ["0 B", "1023 B", "1.5 KiB", "5.0 MiB", "-"]
+    assert [short_bytes(n) for n in (0, 980, 43315, 1153434, 99.99 * 1024, 5 << 40)] == [
+        "0", "980", "42.3K", "1.1M", "100K", "5.0T"]
     assert [number(x) for x in (None, 0.0, 0.5, 1234.5678, 1e-7, math.inf, 3)] == [
         "-", "0", "0.5", "1235", "1.00e-07", "inf", "3"]
 
