@@ -89,6 +89,7 @@ class InspectorApp(App[None]):
         self._readers_lock = threading.Lock()
         self._generation = 0  # bumped by every new diff or validation; older workers' results are dropped
         self._pending_tensor: str | None = None
+        self._step_complete = False
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -156,9 +157,10 @@ class InspectorApp(App[None]):
 
     def on_steps_pane_chosen(self, event: StepsPane.Chosen) -> None:
         s = event.summary
-        if s.step == self.step:
-            return
+        if s.step == self.step and s.complete == self._step_complete:
+            return  # the same step again (a reload); a step that completed meanwhile is loaded
         self.step = s.step
+        self._step_complete = s.complete
         self.leaf = None
         self.query_one(DetailsPane).show(render_step(s))
         tree = self.query_one(TensorTree)

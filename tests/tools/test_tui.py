@@ -205,3 +205,25 @@ async def test_many_tensors_build_only_open_nodes(tmp_path: Path):
         await pilot.press("d")
         await settle(pilot)
         assert [t.name for t in app.diff_rows] == ["model/blocks.7/w"]
+
+
+@aio
+async def test_reload_picks_up_a_step_that_completed_meanwhile(tmp_path: Path):
+    """A store being written: step 5 is half-written when the app opens, complete after `r`."""
+    import numpy as np
+
+    path = tmp_path / "live"
+    store = open_store(path, create=True)
+    state = {"w": np.arange(8, dtype="float32")}
+    with store.writer(rank=1, world_size=2, run="live") as w:
+        w.commit(5, state)
+    app = InspectorApp(str(path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.message is None and app.step == 5 and app.leaves == []
+        assert "incomplete" in details_text(app)
+        with store.writer(rank=0, world_size=2, run="live") as w:  # the last rank lands
+            w.commit(5, state)
+        await pilot.press("r")
+        await settle(pilot)
+        assert app.summaries[0].complete and [leaf.name for leaf in app.leaves] == ["w"]
