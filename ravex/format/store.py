@@ -16,6 +16,7 @@ import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .writer import StepWriter
 
 ROOT_KEY = "ravex.json"
+MANIFEST_CACHE_SIZE = 256
 _MANIFEST_NAME = re.compile(r"^rank-(0|[1-9][0-9]{0,8})\.json$")
 
 
@@ -57,7 +59,8 @@ class CheckpointStore:
     def __init__(self, storage: Storage, root: dict[str, Any]) -> None:
         self.storage = storage
         self.root = root
-        self._manifests: dict[tuple[int, int], Manifest] = {}  # complete steps only
+        # manifests of complete steps (immutable), most recently used last, bounded
+        self._manifests: OrderedDict[tuple[int, int], Manifest] = OrderedDict()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -102,13 +105,16 @@ class CheckpointStore:
                 )
         if ranks[-1] >= world:
             return StepInfo(step, world, tuple(ranks), False, f"rank {ranks[-1]} is beyond world_size {world}")
+        manifests = [first] + [self.manifest(step, r) for r in ranks[1:]]
         if world > 1:
             from .reader import _merge
 
             try:  # ranks that stored different bytes under one tensor name: unreadable
-                _merge([self.manifest(step, r) for r in ranks])
+                _merge(manifests)
             except ManifestError as exc:
                 return StepInfo(step, world, tuple(ranks), False, f"ranks disagree: {exc}")
+        for m in manifests:  # a complete step is immutable: its manifests are read once
+            self._remember(m)
         return StepInfo(step, world, tuple(ranks), True)
 
     def steps(self) -> list[StepInfo]:
@@ -154,6 +160,8 @@ class CheckpointStore:
         key = (step, rank)
         with self._lock:
             cached = self._manifests.get(key)
+            if cached is not None:
+                self._manifests.move_to_end(key)
         if cached is not None:
             return cached
         where = f"step {step} rank {rank}"
@@ -169,6 +177,9 @@ class CheckpointStore:
     def _remember(self, m: Manifest) -> None:
         with self._lock:
             self._manifests[(m.step, m.rank)] = m
+            self._manifests.move_to_end((m.step, m.rank))
+            while len(self._manifests) > MANIFEST_CACHE_SIZE:
+                self._manifests.popitem(last=False)
 
     def forget(self, step: int) -> None:
         with self._lock:
