@@ -109,18 +109,22 @@ def split_step(spec: str) -> tuple[str | None, str]:
 
 def open_store_for(url: str | None) -> CheckpointStore:
     """Open the named store (or the default one); every failure becomes a one-line UsageError."""
-    from ravex.format import RavexError, open_store
+    from ravex.format import RavexError, StoreNotFoundError, open_store
 
     opts = None
+    named = url is not None
     if url is None:
         url, opts = default_store()
     elif "://" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     try:
         return open_store(url, storage_options=opts)
+    except StoreNotFoundError:
+        fix = ("check the path or URL" if named
+               else "pass STORE, or set storage in ./ravex.yaml or $RAVEX_STORAGE")
+        raise UsageError(f"{url!r} is not a Ravex store (it has no ravex.json); {fix}") from None
     except RavexError as exc:
-        hint = "" if url != os.path.abspath(DEFAULT_STORE) else " (pass STORE, or set storage in ravex.yaml)"
-        raise UsageError(f"{_one_line(exc)}{hint}") from None
+        raise UsageError(_one_line(exc)) from None
     except (OSError, ValueError, ImportError) as exc:
         raise UsageError(f"cannot open store {url!r}: {_one_line(exc)}; check the path or URL") from None
 
@@ -572,7 +576,7 @@ def _add_show(sub: Any) -> None:
 def _add_diff(sub: Any) -> None:
     p = _add(sub, "diff", cmd_diff)
     p.add_argument("a", metavar="A", help="reference step (step_100, latest, STORE@step_100)")
-    p.add_argument("b", metavar="B", help="the step to compare with A")
+    p.add_argument("b", metavar="B", help="the step to compare with A (a bare step is in A's store)")
     p.add_argument("--threshold", type=float, default=None,
                    help="list only changed tensors with ‖a-b‖/‖a‖ at least this")
     p.add_argument("--all", action="store_true", help="also list unchanged tensors and values")
