@@ -267,7 +267,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             return EXIT_OK
         _print_tree(reader, tensors, values)
         return EXIT_OK
-    paths = _find_tensors(reader, args.tensors)
+    all_values = step_values(reader)
+    values = {n.strip("/"): all_values[n.strip("/")] for n in args.tensors if n.strip("/") in all_values}
+    paths = _find_tensors(reader, [n for n in args.tensors if n.strip("/") not in values])
     results = []
     with _progress("statistics") as progress:
         for i, path in enumerate(paths):
@@ -277,9 +279,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         _print_json({
             "url": reader.store.url, "step": reader.step,
             "tensors": [dict(_tensor_json(reader, p), stats=s.to_json()) for p, s in results],
+            "values": values,
         })
         return EXIT_OK
     console = _console()
+    for name, value in values.items():
+        console.print(f"step_{reader.step}  {name} = [cyan]{value!r}[/]", soft_wrap=True)
     for path, stats in results:
         _print_tensor(console, reader, path, stats, dtype_name(reader.arrays[path]))
     return EXIT_OK

@@ -103,8 +103,8 @@ def test_show_tensor_statistics_match_numpy(cli, run_store):
     assert math.isclose(s["std"], want.std(), rel_tol=1e-6)
     assert math.isclose(s["l2"], np.linalg.norm(want), rel_tol=1e-9)
     assert len(s["hist_counts"]) == 8 and sum(s["hist_counts"]) == want.size
-    r = cli("show", f"{run_store}@200", "model/head.weight")
-    assert r.rc == 0 and "NaN / Inf" in r.out and "█" in r.out
+    r = cli("show", f"{run_store}@200", "model/head.weight", "optimizer/param_groups/0/lr")
+    assert r.rc == 0 and "NaN / Inf" in r.out and "█" in r.out and "lr = 0.0005" in r.out
     r = cli("show", f"{run_store}@200", "model/head.wieght")
     assert r.rc == 2 and "did you mean model/head.weight" in r.err
 
