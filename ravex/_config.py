@@ -288,21 +288,14 @@ def _one_of(choices: tuple[str, ...], upper: bool = False):
 
 
 def _compression(value: Any) -> str:
+    """Whatever the format's writer accepts (``none``, ``zstd``, ``zstd:3``, ``blosc``...)."""
     value = _nonempty_str(value)
-    known = _known_compressions()
-    if known is not None and value not in known:
-        raise ValueError(f"expected one of {sorted(known)}, got {value!r}")
-    return value
-
-
-def _known_compressions() -> set[str] | None:
-    """The format's codec names, if it publishes them; otherwise the writer decides."""
     try:
-        from ravex.format import writer
-    except ImportError:
-        return None
-    names = getattr(writer, "COMPRESSIONS", None)
-    return set(names) if names else None
+        from ravex.format.codecs import parse_compression
+    except ImportError:  # pragma: no cover - the writer will say
+        return value
+    parse_compression(value)  # ValueError names the valid choices
+    return value
 
 
 def _signals(value: Any) -> list[str]:

@@ -5,7 +5,8 @@ marks a checkpoint *due*; it is taken at the next step boundary, which is the ne
 ``next()`` on a DataLoader iterator, before the batch is fetched. By then the whole loop
 body of the finished step has run (``scheduler.step()``, logging, RNG draws after the
 optimizer step), so the saved state is exactly "between two steps". Loops without a
-DataLoader get their checkpoint right after ``optimizer.step()``.
+DataLoader get theirs at the next forward pass (a loop that runs a forward between two
+optimizers' steps is then checkpointed between them; give it a DataLoader for exactness).
 
 A rerun restores that state before its first forward pass. A DataLoader resumes where
 it was: epochs already finished pass through empty (the outer ``for epoch`` loop runs
@@ -124,6 +125,7 @@ class RavexRuntime:
         self._restored = True
         self._shut = False
         self._keepalive: dict[int, Any] = {}
+        self._forward_hook: Any = None
 
     # ── lifecycle ───────────────────────────────────────────────────────
 
@@ -157,6 +159,7 @@ class RavexRuntime:
                 handle.remove()
             self._triggers.clear()
             self._keepalive.clear()
+            self._clear_forward_hook()
             self._restore_signals()
             if self._patches is not None:
                 self._patches.undo()
@@ -342,7 +345,30 @@ class RavexRuntime:
             self._due = True
         self._check_time()
         if (self._due or self._exit_signal is not None) and not self._loader_active():
-            self._boundary(None)
+            self._await_next_forward()
+
+    def _await_next_forward(self) -> None:
+        """No DataLoader to mark the step boundary: use the next forward pass instead.
+
+        Right after ``optimizer.step()`` the iteration is not over (a second optimizer,
+        ``scaler.update()``, ``scheduler.step()`` may follow); the next forward pass is the
+        first point where it surely is. The hook exists only while a checkpoint is due.
+        """
+        if self._forward_hook is not None:
+            return
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        def before_forward(module: Any, args: Any) -> None:
+            self._clear_forward_hook()
+            if self.enabled and (self._due or self._exit_signal is not None):
+                self._boundary(None)
+
+        self._forward_hook = register_module_forward_pre_hook(before_forward)
+
+    def _clear_forward_hook(self) -> None:
+        hook, self._forward_hook = self._forward_hook, None
+        if hook is not None:
+            hook.remove()
 
     def at_boundary(self, st: LoaderState) -> None:
         """``next()`` on a DataLoader iterator, before the batch is fetched."""
@@ -351,6 +377,7 @@ class RavexRuntime:
         if not self._due:
             self._check_time()
         if self._due or self._exit_signal is not None:
+            self._clear_forward_hook()
             self._boundary(st)
 
     def _check_time(self) -> None:

@@ -28,6 +28,12 @@ class Result:
     returncode: int
     stdout: list[str] = field(default_factory=list)
     stderr: str = ""
+    timed_out: bool = False
+
+    def explain(self) -> str:
+        """What to print when an assertion on this run fails."""
+        head = f"returncode {self.returncode}{' (WATCHDOG KILLED A HUNG CHILD)' if self.timed_out else ''}"
+        return f"{head}\n--- stdout tail\n" + "\n".join(self.stdout[-8:]) + f"\n--- stderr\n{self.stderr[-3000:]}"
 
     @property
     def losses(self) -> list[str]:
@@ -62,7 +68,8 @@ def run(
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
-        watchdog = threading.Timer(WATCHDOG_S, proc.kill)
+        fired = threading.Event()
+        watchdog = threading.Timer(WATCHDOG_S, lambda: (fired.set(), proc.kill()))
         watchdog.start()
         lines: list[str] = []
         try:
@@ -87,7 +94,7 @@ def run(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return Result(code, lines, stderr_path.read_text())
+    return Result(code, lines, stderr_path.read_text(), fired.is_set())
 
 
 def assert_same_state(a: object, b: object, where: str = "state") -> None:

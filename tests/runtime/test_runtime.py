@@ -189,3 +189,74 @@ def test_manual_checkpoint_and_step(tmp_path):
     assert ravex.checkpoint() is True
     ravex.flush()
     assert ravex.status()["last_written_step"] == 3
+
+
+def test_two_optimizers_count_one_step_per_iteration_and_scaler_is_restored(tmp_path):
+    store = str(tmp_path / "ck")
+
+    def build():
+        torch.manual_seed(1)
+        g, d = nn.Linear(3, 3), nn.Linear(3, 1)
+        og = torch.optim.Adam(g.parameters(), lr=1e-2)
+        od = torch.optim.SGD(d.parameters(), lr=1e-2, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+        return g, d, og, od, scaler
+
+    def run(g, d, og, od, scaler, n):
+        for _ in range(n):
+            og.zero_grad()
+            od.zero_grad()
+            scaler.scale(d(g(torch.ones(2, 3))).sum()).backward()
+            scaler.step(og)
+            scaler.step(od)
+            scaler.update()
+
+    ravex.activate(storage=store, checkpoint_every=2, checkpoint_on_exit=False)
+    g, d, og, od, scaler = build()
+    run(g, d, og, od, scaler, 4)
+    assert ravex.step() == 4  # iterations, not optimizer.step() calls
+    expected = (scaler.get_scale(), og.state_dict()["state"][0]["exp_avg"].clone())
+    # no DataLoader: step 4's checkpoint waits for the next forward, when the whole
+    # iteration (second optimizer, scaler.update()) is done
+    run(g, d, og, od, scaler, 1)
+    ravex.flush()
+    assert ravex.status()["last_written_step"] == 4
+    del g, d, og, od, scaler
+    ravex.deactivate()
+
+    ravex.activate(storage=store)
+    g, d, og, _od, scaler = build()
+    d(g(torch.ones(1, 3)))  # the first forward restores
+    assert ravex.status()["resumed_from"] == 4 and ravex.status()["scalers"] == 1
+    assert scaler.get_scale() == expected[0] != 1024.0
+    assert torch.equal(og.state_dict()["state"][0]["exp_avg"], expected[1])
+
+
+def test_time_based_checkpoints_and_retention(tmp_path):
+    store = tmp_path / "ck"
+    ravex.activate(storage=str(store), checkpoint_every=None, checkpoint_every_seconds=1e-9,
+                   keep_last=2, checkpoint_on_exit=False)
+    _train(*_objects(), epochs=1, stop_after=6)
+    ravex.flush()
+    steps = sorted(int(p) for p in os.listdir(store / "steps"))
+    assert steps == [4, 5]  # one per step boundary, the last two kept
+
+
+def test_resume_never_and_resume_at_a_given_step(tmp_path):
+    store = str(tmp_path / "ck")
+    ravex.activate(storage=store, checkpoint_every=2, keep_last=10, checkpoint_on_exit=False)
+    _train(*_objects(), epochs=1, stop_after=7)
+    ravex.flush()
+    ravex.deactivate()
+    ravex.activate(storage=store, resume="never", checkpoint_on_exit=False)
+    _train(*_objects(), epochs=1, stop_after=1)
+    assert ravex.status()["resumed_from"] is None and ravex.step() == 1
+    ravex.deactivate()
+    ravex.activate(storage=store, resume=4, checkpoint_on_exit=False)
+    _train(*_objects(), epochs=1, stop_after=1)
+    assert ravex.status()["resumed_from"] == 4 and ravex.step() == 5
+    ravex.deactivate()
+    from ravex.errors import StepNotFoundError
+
+    with pytest.raises(StepNotFoundError, match="no complete step 5"):
+        ravex.activate(storage=store, resume=5)

@@ -53,19 +53,21 @@ def install_write_block(n: int) -> None:
 
     from ravex.format.storage import LocalStorage
 
-    manifests = {"written": 0}
+    done: set[str] = set()  # steps whose manifest is written (refs.json may follow it)
     never = threading.Event()
     original_put = LocalStorage.write
 
     def put(self, key, data):
-        manifest = key.startswith("steps/")
-        armed = manifests["written"] == n - 1
-        if armed and manifest:
+        step = key.split("/")[1] if key.startswith("steps/") else None
+        if step in done:  # an extra file of a finished commit
+            return original_put(self, key, data)
+        armed = len(done) == n - 1
+        if armed and step is not None:
             print(f"IN-WRITE before manifest {key}", flush=True)
             never.wait()
         original_put(self, key, data)
-        if manifest:
-            manifests["written"] += 1
+        if step is not None and key.endswith("/rank-0.json"):
+            done.add(step)
         elif armed:
             print(f"IN-WRITE after {key}", flush=True)
             never.wait()
