@@ -21,7 +21,7 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, P
 from textual.worker import get_current_worker
 
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
-from ravex.format.diff import TensorDiff
+from ravex.format.diff import TensorDiff, ValueDiff
 from ravex.format.inspect import (
     StepSummary,
     change_order,
@@ -41,7 +41,9 @@ from .model import (
     render_side,
     render_step,
     render_value,
+    render_value_side,
     step_leaves,
+    value_cells,
 )
 from .widgets import DetailsPane, DiffPane, HelpScreen, StepsPane, TensorPane, TensorTree, ValidatePane
 
@@ -82,6 +84,8 @@ class InspectorApp(App[None]):
         self.leaf: Leaf | None = None
         self.diff_pair: tuple[int, int] | None = None
         self.diff_rows: list[TensorDiff] = []
+        self.diff_values: list[ValueDiff] = []
+        self._sides_key: str | None = None  # the diff row whose two sides are wanted
         self.findings: list[Finding] = []
         self.validated = False
         self.message: str | None = None
@@ -362,7 +366,7 @@ class InspectorApp(App[None]):
         rows = sorted((t for t in result.tensors if t.status != "unchanged"), key=change_order)
         unchanged = len(result.tensors) - len(rows)
         values = [v for v in result.values if v.status != "unchanged"]
-        self.call_from_thread(self._diff_rows, generation, list(rows))
+        self.call_from_thread(self._diff_rows, generation, list(rows), values)
         for i, td in enumerate(rows):
             if generation != self._generation:
                 return
@@ -378,21 +382,25 @@ class InspectorApp(App[None]):
         title = Text(f"step_{a} → step_{b}: ", style="bold")
         title.append(f"{len(rows)} changed, {unchanged} unchanged")
         if values:
-            title.append("\nvalues: " + ", ".join(f"{v.name} {v.a!r}→{v.b!r}" for v in values[:3]), style="cyan")
-        self.call_from_thread(self._diff_rows, generation, rows)
+            title.append(f", {len(values)} values changed", style="cyan")
+        self.call_from_thread(self._diff_rows, generation, rows, values)
         self.call_from_thread(self._diff_title, generation, title)
 
-    def _diff_rows(self, generation: int, rows: list[TensorDiff]) -> None:
+    def _diff_rows(self, generation: int, rows: list[TensorDiff], values: list[ValueDiff]) -> None:
+        """Changed tensors (most changed first), then changed values (lr, step ...)."""
         if generation != self._generation:
             return
         self.diff_rows = rows
+        self.diff_values = values
         table = self.query_one("#diff-table", DataTable)
         cursor = table.cursor_row
         table.clear()
         for i, td in enumerate(rows):
             table.add_row(*diff_cells(td), key=str(i))
-        if rows:
-            table.move_cursor(row=min(cursor, len(rows) - 1))
+        for i, vd in enumerate(values):
+            table.add_row(*value_cells(vd), key=f"v{i}")
+        if rows or values:
+            table.move_cursor(row=min(cursor, len(rows) + len(values) - 1))
 
     def _diff_progress(self, generation: int, done: int, total: int) -> None:
         if generation == self._generation and self.diff_pair:
@@ -410,12 +418,18 @@ class InspectorApp(App[None]):
                 self.query_one("#validate-message", Static).update(Text(self.findings[i].message))
             return
         if event.data_table.id == "diff-table" and self.diff_pair and event.row_key.value is not None:
-            i = int(event.row_key.value)
-            if i < len(self.diff_rows):
-                self.load_sides(self.diff_pair, self.diff_rows[i].name)
+            key = event.row_key.value
+            self._sides_key = key
+            if key.startswith("v"):
+                vd = self.diff_values[int(key[1:])]
+                a, b = self.diff_pair
+                sides = [render_value_side(vd.name, a, vd.a), render_value_side(vd.name, b, vd.b)]
+                self._show_sides(self.diff_pair, key, sides)
+            elif int(key) < len(self.diff_rows):
+                self.load_sides(self.diff_pair, key, self.diff_rows[int(key)].name)
 
     @work(thread=True, exclusive=True, group="diff-sides")
-    def load_sides(self, pair: tuple[int, int], path: str) -> None:
+    def load_sides(self, pair: tuple[int, int], key: str, path: str) -> None:
         a, b = pair
         texts = []
         for step in (a, b):
@@ -429,10 +443,10 @@ class InspectorApp(App[None]):
                 texts.append(render_side(d))
             except Exception as exc:
                 texts.append(Text(_one_line(exc), "red"))
-        self.call_from_thread(self._show_sides, pair, texts)
+        self.call_from_thread(self._show_sides, pair, key, texts)
 
-    def _show_sides(self, pair: tuple[int, int], texts: list[Text]) -> None:
-        if pair == self.diff_pair and self.mode == "diff":
+    def _show_sides(self, pair: tuple[int, int], key: str, texts: list[Text]) -> None:
+        if pair == self.diff_pair and key == self._sides_key and self.mode == "diff":
             self.query_one("#diff-a", Static).update(texts[0])
             self.query_one("#diff-b", Static).update(texts[1])
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.text import Text
 
 from ravex.format import RavexError, StepReader
-from ravex.format.diff import TensorDiff
+from ravex.format.diff import TensorDiff, ValueDiff
 from ravex.format.inspect import (
     ChunkShare,
     Progress,
@@ -281,3 +281,24 @@ def diff_cells(td: TensorDiff) -> tuple[Text, ...]:
         Text(number(td.cosine, 6), justify="right"),
         Text(td.status, style=style),
     )
+
+
+def value_cells(vd: ValueDiff) -> tuple[Text, ...]:
+    """The cells of a diff-table row for a changed plain value (lr, step ...): the change goes last,
+    where its width cannot push the tensors' numbers out of an 80-column view."""
+    change = f"{_short(vd.a)} → {_short(vd.b)}" if vd.status == "changed" else vd.status
+    return (Text(vd.name, style="cyan"), Text("value", style="cyan", justify="right"), Text(""), Text(""), Text(""),
+            Text(change, style="cyan"))
+
+
+def render_value_side(name: str, step: int, value: Any) -> Text:
+    t = Text()
+    t.append(f"step_{step}\n", style="bold")
+    t.append(f"{name}\n", style="dim")
+    t.append(repr(value), style="cyan")
+    return t
+
+
+def _short(value: Any, n: int = 16) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -94,7 +94,16 @@ async def test_diff_previous_step_sorted_by_relative_change(run_store):
         assert rel == sorted(rel, reverse=True) and all(r is not None and r > 0 for r in rel)
         assert "model/frozen.table" not in names
         title = str(app.query_one("#diff-title").render())
-        assert "4 changed, 5 unchanged" in title and "lr" in title
+        assert "4 changed, 5 unchanged, 4 values changed" in title
+        assert [v.name for v in app.diff_values] == [
+            "data/index", "optimizer/param_groups/0/lr", "optimizer/state/0/step", "scheduler/last_epoch"]
+        table = app.query_one("#diff-table")
+        assert table.row_count == 8
+        table.move_cursor(row=5)  # a value row: lr before and after
+        await settle(pilot)
+        assert "0.0005" in str(app.query_one("#diff-a").render())
+        assert "0.00025" in str(app.query_one("#diff-b").render())
+        table.move_cursor(row=0)
         await pilot.press("down")  # second row: its two sides, side by side
         await settle(pilot)
         assert "step_200" in str(app.query_one("#diff-a").render())
