@@ -236,3 +236,25 @@ async def test_reload_picks_up_a_step_that_completed_meanwhile(tmp_path: Path):
         await pilot.press("r")
         await settle(pilot)
         assert app.summaries[0].complete and [leaf.name for leaf in app.leaves] == ["w"]
+
+
+@aio
+async def test_results_for_a_step_left_behind_are_dropped(tmp_path: Path):
+    """Arrowing through steps faster than they load: only the last one's tensors are shown."""
+    import numpy as np
+
+    store = open_store(tmp_path / "s", create=True)
+    with store.writer() as w:
+        for step in (1, 2, 3):
+            w.commit(step, {"model": {f"only_in_{step}": np.full(4, step, "float32")}})
+    app = InspectorApp(str(tmp_path / "s"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert [leaf.name for leaf in app.leaves] == ["model/only_in_3"]
+        await pilot.press("up", "up", "down")  # 2, 1, 2: three loads in flight, no waiting
+        await settle(pilot)
+        assert app.step == 2 and [leaf.name for leaf in app.leaves] == ["model/only_in_2"]
+        await pilot.press("tab", "enter", "down")
+        await settle(pilot)
+        assert app.leaf is not None and app.leaf.name == "model/only_in_2"
+        assert "step_2" in details_text(app) and "mean           2" in details_text(app)
