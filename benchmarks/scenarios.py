@@ -1,0 +1,720 @@
+"""``python -m benchmarks runtime|scenarios``: the issue's scenarios (a)-(g), through the runtime.
+
+Where the format suite times the writer on a state handed to it, this one drives what a
+user runs: ``ravex.activate()`` on live training objects and ``ravex.checkpoint()`` /
+``ravex.flush()``, side by side with the peers on the same state in the same run.
+
+(a) stall of a full checkpoint of a dense model + AdamW, and time to durable
+(b) fine-tuning with 90% of the parameters frozen: bytes and stall of a checkpoint
+(c) sparse embedding table (SparseAdam), ~1% of rows (Zipf-like) changed per interval
+(d) ten successive checkpoints of (b): bytes on storage vs ten ``torch.save`` files
+(e) load / resume against ``torch.load``
+(f) per-step overhead of the patches between checkpoints on a small model
+(g) bf16 state with and without compression
+
+Repetitions are interleaved and rotated as in the format suite; figures are medians and
+ratios. The machine is shared: absolute seconds are context, ratios are the figures.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+
+from . import contenders as C
+from . import limits as L
+from . import state as S
+from .format_bench import _rotated
+from .util import GIB, MIB, Timed, apparent_size, du, remove
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+RUNTIME = ("a_stall", "e_load", "f_patch_overhead")
+SCENARIOS = ("b_frozen", "c_sparse", "d_ten_checkpoints", "g_bf16")
+
+
+@dataclass
+class Config:
+    size_mib: float = 1024  # (a), (e): dense fp32 model + AdamW
+    frozen_mib: float = 512  # (b), (d): the same model 90% frozen (its full-AdamW size)
+    bf16_mib: float = 512  # (g)
+    sparse_rows: int = 1 << 20  # (c): rows x dim fp32, plus SparseAdam's two moments
+    sparse_dim: int = 64
+    sparse_sweep_rows: int = 1 << 16  # (c) chunk-size sweep on a smaller table, same row size
+    sparse_sweep_chunks: tuple[int, ...] = (16 * MIB, 1 * MIB, 256 << 10, 64 << 10, 16 << 10, 4 << 10)
+    intervals: int = 10  # (b)/(d) checkpoints; (c) uses min(intervals, 4)
+    reps: int = 3
+    overhead_pairs: int = 40  # (f) interleaved off/on blocks
+    overhead_steps: int = 100  # (f) steps per block
+    scratch: str = "/tmp"
+    sections: tuple[str, ...] = RUNTIME + SCENARIOS
+    log: Any = print
+
+
+def _free() -> None:
+    gc.collect()
+
+
+def _t(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _np_arrays(tree: Any) -> list[np.ndarray]:
+    return [v for v in S.flatten(S.to_numpy_tree(tree)).values() if isinstance(v, np.ndarray)]
+
+
+def _touched_like(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    dst = [np.empty_like(a) for a in arrays]
+    for d in dst:
+        d.reshape(-1).view(np.uint8)[:] = 0  # faulted in: reused buffers, as Ravex's Stager keeps
+    return dst
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _r(x: float, n: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, n)
+
+
+# ---- the runtime, as a user turns it on ------------------------------------------------------
+
+
+class Active:
+    """``ravex.activate()`` on the objects alive now, checkpointing only when asked.
+
+    The commit's figures (CommitStats) are taken from the background writer's result, by
+    wrapping the saver's write callable on this instance (Ravex itself is not changed)."""
+
+    def __init__(self, store: str, **overrides: Any) -> None:
+        self.store = store
+        self.overrides = {
+            "storage": store, "checkpoint_every": 10**9, "keep_last": None, "resume": "never",
+            "checkpoint_on_exit": False, "checkpoint_on_signal": [], "log_level": "WARNING", **overrides,
+        }
+        self.results: list[dict[str, Any]] = []
+
+    def __enter__(self) -> Active:
+        import ravex
+
+        _free()  # cyclic garbage of earlier scenarios must not be scanned as live objects
+        self.rt = ravex.activate(**self.overrides)
+        saver = self.rt.backend._saver
+        inner = saver._write
+
+        def write(job: Any) -> dict[str, Any]:
+            result = inner(job)
+            self.results.append(result)
+            return result
+
+        saver._write = write
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ravex
+
+        ravex.deactivate()
+
+    def checkpoint(self) -> dict[str, Any]:
+        """``ravex.checkpoint()`` then ``ravex.flush()``: what the loop paid and what it took to durable."""
+        import ravex
+
+        n = len(self.results)
+        t0 = time.perf_counter()
+        ok = ravex.checkpoint()
+        call = time.perf_counter() - t0
+        stall = dict(self.rt.last_stall or {})
+        ravex.flush()
+        durable = time.perf_counter() - t0
+        st = ravex.status()
+        if not ok or len(self.results) != n + 1 or st.get("last_error"):
+            raise RuntimeError(f"ravex checkpoint failed: {st.get('last_error')}")
+        stats = self.results[-1]["stats"]
+        return {
+            "call_s": call, "wait_s": stall.get("wait", 0.0), "stage_s": stall.get("stage", 0.0),
+            "stall_s": stall.get("wait", 0.0) + stall.get("stage", 0.0), "durable_s": durable,
+            "background_s": durable - call, "new_bytes": stats.new_bytes, "reused_bytes": stats.reused_bytes,
+            "logical_bytes": stats.logical_bytes, "manifest_bytes": stats.manifest_bytes,
+            "inline_bytes": stats.inline_bytes, "new_chunks": stats.new_chunks, "chunks": stats.chunks,
+            "seconds": {k: round(v, 4) for k, v in stats.seconds.items()},
+        }
+
+
+def dcp_async(state: Any, path: str) -> tuple[float, float]:
+    """``dcp.async_save`` single process (``no_dist=True``, torch 2.13 takes it without a process
+    group), files fsync'd: (seconds until it returned, seconds until the future resolved)."""
+    t0 = time.perf_counter()
+    fut = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=True)
+    blocking = time.perf_counter() - t0
+    done = getattr(fut, "upload_completion", fut)
+    done.result()
+    return blocking, time.perf_counter() - t0
+
+
+# ---- (a) stall of a full checkpoint -----------------------------------------------------------
+
+
+def a_stall(cfg: Config) -> dict[str, Any]:
+    log = cfg.log
+    log(f"(a) stall: ~{cfg.size_mib:g} MiB dense model + AdamW, full checkpoint, {cfg.reps} reps ...")
+    dense = S.build(cfg.size_mib)
+    state = dense.torch_state()
+    arrays = _np_arrays(state)
+    nbytes = sum(a.nbytes for a in arrays)
+    dst = _touched_like(arrays)
+    root = os.path.join(cfg.scratch, "a")
+    os.makedirs(root)
+    store = os.path.join(root, "ravex")
+    first: dict[str, Any] = {}
+    names = ["bare copy into reused buffers", "ravex.checkpoint", "torch.save", "safetensors.save_file",
+             "dcp.save", "dcp.async_save", "disk: one file + fsync"]
+    blocking = {n: Timed() for n in names}
+    durable = {n: Timed() for n in names}
+    ck_runs: list[dict[str, Any]] = []
+    keep: dict[str, str] = {}
+    with Active(store) as act:
+        dense.train(1, seed=50)
+        first["ravex.checkpoint"] = act.checkpoint()  # allocates and faults in the staging buffers
+        bl, du_ = dcp_async(state, os.path.join(root, "dcp-async-first"))
+        first["dcp.async_save"] = {"blocking_s": bl, "durable_s": du_}
+        remove(os.path.join(root, "dcp-async-first"))
+        for rep in range(cfg.reps):
+            dense.train(1, seed=100 + rep)  # every tensor changes: each checkpoint is a full one
+
+            def ravex_ck() -> tuple[float, float]:
+                r = act.checkpoint()
+                ck_runs.append(r)
+                return r["stall_s"], r["durable_s"]
+
+            def sync(fn: Any) -> Any:
+                def run(p: str) -> tuple[float, float]:
+                    dt = _t(lambda: fn(p))
+                    return dt, dt
+                return run
+
+            entries: list[tuple[str, Any]] = [
+                ("bare copy into reused buffers", sync(lambda p: L.copy_reused(arrays, dst))),
+                ("ravex.checkpoint", lambda p: ravex_ck()),
+                ("torch.save", sync(lambda p: C.torch_save(state, p))),
+                ("safetensors.save_file", sync(lambda p: C.safetensors_save(state, p))),
+                ("dcp.save", sync(lambda p: C.dcp_save(state, p))),
+                ("dcp.async_save", lambda p: dcp_async(state, p)),
+                ("disk: one file + fsync", sync(lambda p: L.disk_one_file(p, nbytes))),
+            ]
+            for i, (name, fn) in _rotated(entries, rep):
+                path = os.path.join(root, f"{i}-r{rep}")
+                b, d = fn(path)
+                blocking[name].times.append(b)
+                durable[name].times.append(d)
+                log(f"  rep {rep + 1}/{cfg.reps} {name:<32} blocks {b:7.3f} s  durable {d:7.3f} s")
+                if rep == cfg.reps - 1 and name in ("torch.save", "safetensors.save_file", "disk: one file + fsync"):
+                    keep[name] = path
+                else:
+                    remove(path)
+                _free()
+    med = {n: blocking[n].median for n in names}
+    stall = med["ravex.checkpoint"]
+    copy = med["bare copy into reused buffers"]
+    disk = durable["disk: one file + fsync"].median
+    bg = _med([r["background_s"] for r in ck_runs])
+    out = {
+        "state": {"tensors": len(arrays), "tensor_bytes": nbytes, "tensor_gib": round(nbytes / GIB, 4),
+                  "width": dense.width, "layers": S.LAYERS},
+        "blocking": {n: blocking[n].to_json(nbytes) for n in names},
+        "durable": {n: durable[n].to_json(nbytes) for n in names},
+        "ravex_checkpoints": [{k: (_r(v) if isinstance(v, float) else v) for k, v in r.items()} for r in ck_runs],
+        "first_checkpoint": {k: {kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                             for k, v in first.items()},
+        "ratios": {
+            "stall_over_bare_copy": _r(stall / copy, 3),
+            "stage_over_bare_copy": _r(_med([r["stage_s"] for r in ck_runs]) / copy, 3),
+            "call_over_bare_copy": _r(_med([r["call_s"] for r in ck_runs]) / copy, 3),
+            "torch_save_blocking_over_stall": _r(med["torch.save"] / stall, 2),
+            "safetensors_blocking_over_stall": _r(med["safetensors.save_file"] / stall, 2),
+            "dcp_save_blocking_over_stall": _r(med["dcp.save"] / stall, 2),
+            "dcp_async_blocking_over_stall": _r(med["dcp.async_save"] / stall, 2),
+            "first_stall_over_bare_copy": _r(first["ravex.checkpoint"]["stall_s"] / copy, 3),
+            "background_write_fraction_of_disk": _r(disk / bg, 3),
+            "ravex_durable_over_torch_save": _r(durable["ravex.checkpoint"].median / durable["torch.save"].median, 3),
+            "ravex_durable_over_dcp_async": _r(durable["ravex.checkpoint"].median
+                                               / durable["dcp.async_save"].median, 3),
+        },
+    }
+    out["_keep"] = {**keep, "ravex": store}
+    return out
+
+
+# ---- (e) load and resume ----------------------------------------------------------------------
+
+
+def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
+    """Warm page cache (dropping it needs privileges these VMs do not give): the loaders' own cost."""
+    import ravex
+    from ravex.format import open_store
+
+    log = cfg.log
+    made_here = kept is None
+    if kept is None:  # run alone: write the files (a) would have left
+        root = os.path.join(cfg.scratch, "e")
+        os.makedirs(root)
+        dense = S.build(cfg.size_mib)
+        st = dense.torch_state()
+        kept = {"torch.save": os.path.join(root, "pt"), "safetensors.save_file": os.path.join(root, "st"),
+                "ravex": os.path.join(root, "ravex")}
+        C.torch_save(st, kept["torch.save"])
+        C.safetensors_save(st, kept["safetensors.save_file"])
+        with Active(kept["ravex"]) as act:
+            act.checkpoint()
+        del dense, st
+        _free()
+    nbytes = apparent_size(kept["torch.save"])
+    log(f"(e) load: {nbytes / MIB:.0f} MiB, warm page cache, {cfg.reps} reps ...")
+
+    # resume as the runtime does it: a rerun builds the same model, activates, and the first
+    # forward restores; against torch.load + load_state_dict into the same objects
+    fresh = S.build(cfg.size_mib, steps=0)
+    _ = fresh.optimizer.state_dict()
+    fresh.train(1, seed=7)  # AdamW state exists, as in the run that wrote the checkpoint
+
+    def torch_resume(p: str) -> None:
+        sd = torch.load(p, weights_only=True)
+        fresh.model.load_state_dict(sd["model"])
+        fresh.optimizer.load_state_dict(sd["optim"])
+
+    def ravex_resume(p: str) -> None:
+        with Active(p, resume="auto"):
+            rt = ravex._runtime.get_runtime()
+            if rt is None or rt._restored:
+                raise RuntimeError("nothing to resume from")
+            rt.ensure_restored()
+            if rt.resumed_from is None:
+                raise RuntimeError("resume failed")
+
+    step = open_store(kept["ravex"]).complete_steps()
+    entries: list[tuple[str, str, Any]] = [
+        ("disk: read one file", kept.get("disk: one file + fsync", kept["torch.save"]), L.read_file),
+        ("torch.load", kept["torch.save"], C.torch_load),
+        ("safetensors.load_file", kept["safetensors.save_file"], C.safetensors_load),
+        ("ravex.load", kept["ravex"], lambda p: ravex.load(p)),
+        ("ravex store read (numpy)", kept["ravex"], lambda p: open_store(p).open_step("latest").read()),
+        ("resume: torch.load + load_state_dict", kept["torch.save"], torch_resume),
+        ("resume: ravex runtime (read + restore)", kept["ravex"], ravex_resume),
+    ]
+    tm = {n: Timed() for n, _, _ in entries}
+    for rep in range(cfg.reps):
+        for _i, (name, path, fn) in _rotated(entries, rep):
+            from .format_bench import _timed_load
+
+            dt = _timed_load(fn, path)
+            tm[name].times.append(dt)
+            log(f"  rep {rep + 1}/{cfg.reps} {name:<40} {dt:7.3f} s")
+            _free()
+    base = tm["torch.load"].median
+    base_resume = tm["resume: torch.load + load_state_dict"].median
+    out: dict[str, Any] = {"bytes": nbytes, "steps_in_store": len(step), "page_cache": "warm"}
+    out["loads"] = {n: tm[n].to_json(nbytes) | {"over_torch_load": _r(t.median / base, 3)} for n, t in tm.items()}
+    out["ratios"] = {
+        "ravex_load_over_torch_load": _r(tm["ravex.load"].median / base, 3),
+        "ravex_resume_over_torch_resume": _r(tm["resume: ravex runtime (read + restore)"].median / base_resume, 3),
+        "torch_load_fraction_of_read_bandwidth": _r(tm["disk: read one file"].median / base, 3),
+    }
+    if made_here:
+        remove(os.path.join(cfg.scratch, "e"))
+    return out
+
+
+# ---- (f) patch overhead -----------------------------------------------------------------------
+
+
+def f_patch_overhead(cfg: Config) -> dict[str, Any]:
+    """N training steps with and without ``ravex.activate()`` (no checkpoint due), interleaved
+    off/on and on/off blocks, one torch thread, thread CPU time per step (the quietest figure a
+    shared 2-core box gives); and the patches alone on an empty loop."""
+    log = cfg.log
+    log(f"(f) patch overhead: {cfg.overhead_pairs} pairs x {cfg.overhead_steps} steps, small MLP ...")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        width, batch = 256, 32
+        model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                    torch.nn.ReLU(), torch.nn.Linear(width, 10))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.utils.data.TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True)
+        lossf = torch.nn.CrossEntropyLoss()
+
+        def block(n: int) -> float:
+            """Median CPU seconds of this thread per step (next batch, forward, backward, optimizer):
+            time other users of the machine take from us is not counted, and a median ignores
+            the steps whose caches a neighbour trashed."""
+            times: list[float] = []
+            t0 = time.thread_time()
+            while len(times) < n:
+                for x, y in loader:
+                    loss = lossf(model(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    t1 = time.thread_time()
+                    times.append(t1 - t0)
+                    t0 = t1
+                    if len(times) == n:
+                        break
+                t0 = time.thread_time()  # a new epoch's iterator start is timed with its first step
+            return _med(times)
+
+        # the patches alone: an empty loop of next() + optimizer.step() on one scalar parameter,
+        # with and without activate(): microseconds that noise cannot hide in a 1% figure
+        tiny = torch.nn.Parameter(torch.zeros(()))
+        tiny_opt = torch.optim.SGD([tiny], lr=0.0)
+        tiny_loader = torch.utils.data.DataLoader(list(range(4096)), batch_size=None)
+
+        def bare(n: int) -> float:
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for i, _x in enumerate(tiny_loader):
+                    tiny_opt.step()
+                    if i + 1 == n:
+                        break
+                times.append((time.perf_counter() - t0) / n)
+            return min(times)
+
+        block(max(20, cfg.overhead_steps // 4))  # warm up
+        off: list[float] = []
+        on: list[float] = []
+        ratios: list[float] = []
+        bare_off: list[float] = []
+        bare_on: list[float] = []
+        store = os.path.join(cfg.scratch, "f-store")
+        for i in range(cfg.overhead_pairs):
+            pair = {}
+            for which in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                if which == "on":
+                    with Active(store) as act:
+                        pair["on"] = block(cfg.overhead_steps)
+                        steps_seen = act.rt.step
+                else:
+                    _free()
+                    pair["off"] = block(cfg.overhead_steps)
+            if i < 6:
+                for which in ("off", "on"):
+                    if which == "on":
+                        with Active(store):
+                            bare_on.append(bare(2000))
+                    else:
+                        bare_off.append(bare(2000))
+            off.append(pair["off"])
+            on.append(pair["on"])
+            ratios.append(pair["on"] / pair["off"])
+        remove(store)
+        out = {
+            "model": f"MLP 64-{width}-{width}-10, AdamW, DataLoader batch {batch}, 1 torch thread",
+            "pairs": cfg.overhead_pairs, "steps_per_block": cfg.overhead_steps,
+            "step_s_off": {"median": _r(_med(off), 6), "all": [_r(x, 6) for x in off]},
+            "step_s_on": {"median": _r(_med(on), 6), "all": [_r(x, 6) for x in on]},
+            "ratio_per_pair": [_r(x, 4) for x in ratios],
+            "overhead_fraction": _r(_med(ratios) - 1.0, 4),
+            "overhead_us_per_step": _r((_med(on) - _med(off)) * 1e6, 1),
+            "steps_counted_by_ravex_in_last_on_block": steps_seen,
+            "empty_step_us_off": _r(min(bare_off) * 1e6, 2),
+            "empty_step_us_on": _r(min(bare_on) * 1e6, 2),
+            "patch_us_per_step_isolated": _r((min(bare_on) - min(bare_off)) * 1e6, 2),
+        }
+        out["overhead_fraction_isolated"] = _r((min(bare_on) - min(bare_off)) / _med(off), 4)
+        log(f"  step {out['step_s_off']['median'] * 1e3:.3f} ms off, overhead {out['overhead_fraction']:+.2%} "
+            f"(A/B); patches alone {out['patch_us_per_step_isolated']} us/step "
+            f"= {out['overhead_fraction_isolated']:+.2%}")
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---- (b) + (d) frozen fine-tuning, ten checkpoints -------------------------------------------
+
+
+def bd_frozen(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
+    log = cfg.log
+    log(f"(b)+(d) 90% frozen: ~{cfg.frozen_mib:g} MiB model, {cfg.intervals} checkpoints, one step apart ...")
+    ft = S.build(cfg.frozen_mib, frozen_fraction=0.9)
+    state = ft.torch_state()
+    root = os.path.join(cfg.scratch, "bd")
+    os.makedirs(root)
+    store = os.path.join(root, "ravex")
+    flat = {k: v for k, v in S.leaves(S.to_numpy_tree(state)).items() if isinstance(v, np.ndarray)}
+    total = sum(a.nbytes for a in flat.values())
+    trainable = [v for v in _np_arrays({"p": ft.trainable_params})]
+    moments = [v for k, v in flat.items() if k[0] == "optim"]
+    changed_arrays = trainable + [m for m in moments if m.ndim > 0]
+    changed_expected = sum(a.nbytes for a in changed_arrays)
+    dst = _touched_like(changed_arrays)
+    rows: list[dict[str, Any]] = []
+    copy_changed: list[float] = []
+    pt_bytes: list[int] = []
+    pt_du: list[int] = []
+    pt_s: list[float] = []
+    with Active(store) as act:
+        prev: dict[tuple, np.ndarray] | None = None
+        for i in range(cfg.intervals):
+            if i:
+                ft.train(1, seed=200 + i)
+            changed = total if prev is None else sum(
+                a.nbytes for k, a in flat.items()
+                if not np.array_equal(a.reshape(-1).view(np.uint8), prev[k].reshape(-1).view(np.uint8)))
+            prev = {k: a.copy() for k, a in flat.items()}
+            # interleave: bare copy of the changed state, Ravex, torch.save (order rotated)
+            order = [("copy", None), ("ravex", None), ("torch", None)]
+            k = i % 3
+            for what, _ in order[k:] + order[:k]:
+                if what == "copy":
+                    copy_changed.append(_t(lambda: L.copy_reused(changed_arrays, dst)))
+                elif what == "ravex":
+                    r = act.checkpoint()
+                    r["changed_tensor_bytes"] = changed
+                    r["store_du_after"] = du(store)
+                    rows.append(r)
+                else:
+                    p = os.path.join(root, f"step{i}.pt")
+                    pt_s.append(_t(lambda p=p: C.torch_save(state, p)))
+                    pt_bytes.append(os.path.getsize(p))
+                    pt_du.append(du(p))
+                    remove(p)  # only its size is needed: keep the disk free
+            log(f"  checkpoint {i + 1}/{cfg.intervals}: ravex new {rows[-1]['new_bytes'] / MIB:8.1f} MiB "
+                f"(changed {changed / MIB:8.1f}), stall {rows[-1]['stall_s']:.3f} s, torch.save {pt_s[-1]:.3f} s")
+    later = rows[1:] or rows
+    new_b = _med([r["new_bytes"] + r["manifest_bytes"] for r in later])
+    changed_b = _med([r["changed_tensor_bytes"] for r in later])
+    stall = _med([r["stall_s"] for r in later])
+    b = {
+        "state": {"tensor_bytes": total, "layers_frozen": ft.frozen_layers, "layers": S.LAYERS,
+                  "changed_expected_bytes": changed_expected,
+                  "changed_expected_fraction": _r(changed_expected / total, 4)},
+        "checkpoints": [{kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in r.items()} for r in rows],
+        "bare_copy_of_changed_s": Timed(copy_changed[1:] or copy_changed).to_json(changed_expected),
+        "torch_save_s": Timed(pt_s[1:] or pt_s).to_json(),
+        "ratios": {
+            "written_over_changed": _r(new_b / changed_b, 4),
+            "written_over_full": _r(new_b / total, 4),
+            "stall_over_bare_copy_of_changed": _r(stall / _med(copy_changed[1:] or copy_changed), 3),
+            "stall_over_full_stage_share": _r(changed_expected / total, 4),
+            "background_over_first": _r(_med([r["background_s"] for r in later]) / rows[0]["background_s"], 3),
+            "durable_over_torch_save": _r(_med([r["durable_s"] for r in later]) / _med(pt_s[1:] or pt_s), 3),
+        },
+    }
+    d = {
+        "checkpoints": cfg.intervals,
+        "ravex_store_du": rows[-1]["store_du_after"],
+        "ravex_store_apparent": apparent_size(store),
+        "torch_save_files_du": sum(pt_du),
+        "torch_save_files_bytes": sum(pt_bytes),
+        "ratios": {"torch_save_over_ravex_du": _r(sum(pt_du) / max(1, rows[-1]["store_du_after"]), 3)},
+    }
+    remove(root)
+    return b, d
+
+
+# ---- (c) sparse embedding ---------------------------------------------------------------------
+
+
+class SparseTable:
+    """``nn.Embedding(sparse=True)`` + ``SparseAdam``; each interval updates ~1% of the rows,
+    drawn without replacement with Zipf(s) weights over a fixed random order of the rows
+    (hot ids are scattered over the table, as hashed ids are)."""
+
+    def __init__(self, rows: int, dim: int, frac: float = 0.01, s: float = 1.05, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(rows, dim, sparse=True)
+        self.opt = torch.optim.SparseAdam(self.emb.parameters(), lr=1e-3)
+        self.rng = np.random.default_rng(seed)
+        self.perm = self.rng.permutation(rows)
+        self.logp = -s * np.log(np.arange(1, rows + 1, dtype=np.float64))
+        self.k = max(1, int(rows * frac))
+        self.interval()  # SparseAdam's moments exist from here on
+
+    def interval(self) -> np.ndarray:
+        # Gumbel top-k: k distinct rows, each drawn with probability proportional to its Zipf weight
+        keys = self.logp - np.log(-np.log(self.rng.random(self.logp.size)))
+        ranks = np.argpartition(keys, -self.k)[-self.k:]
+        ids = torch.from_numpy(self.perm[ranks])
+        loss = self.emb(ids).square().sum()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return ids.numpy()
+
+    def torch_state(self) -> dict[str, Any]:
+        return {"model": self.emb.state_dict(), "optim": self.opt.state_dict()}
+
+
+def c_sparse(cfg: Config) -> dict[str, Any]:
+    from ravex.format import open_store
+
+    log = cfg.log
+    n_int = max(2, min(cfg.intervals, 4))
+    rows, dim = cfg.sparse_rows, cfg.sparse_dim
+    log(f"(c) sparse: {rows} x {dim} embedding + SparseAdam, ~1% rows (Zipf) per interval, {n_int} intervals ...")
+    root = os.path.join(cfg.scratch, "c")
+    os.makedirs(root)
+    tab = SparseTable(rows, dim)
+    full = S.tensor_bytes(tab.torch_state())
+    runs: list[dict[str, Any]] = []
+    with Active(os.path.join(root, "ravex")) as act:
+        act.checkpoint()
+        for i in range(n_int):
+            ids = tab.interval()
+            r = act.checkpoint()
+            r["rows_changed"] = int(ids.size)
+            runs.append(r)
+            log(f"  interval {i + 1}/{n_int}: {ids.size} rows changed, ravex wrote "
+                f"{(r['new_bytes'] + r['manifest_bytes']) / MIB:.1f} MiB of {full / MIB:.1f} MiB")
+    pt = os.path.join(root, "full.pt")
+    C.torch_save(tab.torch_state(), pt)
+    pt_bytes = os.path.getsize(pt)
+    remove(pt)
+    written = _med([r["new_bytes"] + r["manifest_bytes"] for r in runs])
+    del tab
+    _free()
+    remove(root)
+
+    # the same workload on a smaller table (same row size, same 1%), per chunk size, through the
+    # format's writer: how small must chunks be for >= 6x fewer bytes?
+    srows = min(rows, cfg.sparse_sweep_rows)
+    log(f"  chunk sweep on {srows} rows: {', '.join(f'{c >> 10} KiB' for c in cfg.sparse_sweep_chunks)} ...")
+    sweep = []
+    for chunk in cfg.sparse_sweep_chunks:
+        tab = SparseTable(srows, dim)
+        path = os.path.join(cfg.scratch, "c-sweep")
+        store = open_store(path, create=True)
+        with store.writer(chunk_bytes=chunk) as w:
+            t0 = time.perf_counter()
+            w.commit(1, S.to_numpy_tree(tab.torch_state()))
+            t_first = time.perf_counter() - t0
+            got = []
+            for i in range(n_int):
+                tab.interval()
+                t0 = time.perf_counter()
+                s = w.commit(2 + i, S.to_numpy_tree(tab.torch_state()))
+                got.append((s.new_bytes + s.manifest_bytes, s.new_bytes, s.manifest_bytes, time.perf_counter() - t0,
+                            s.logical_bytes, s.chunks))
+        remove(path)
+        wb = _med([g[0] for g in got])
+        sweep.append({
+            "chunk_bytes": chunk, "full_bytes": got[0][4], "chunks": got[0][5],
+            "written_bytes": wb, "object_bytes": _med([g[1] for g in got]), "manifest_bytes": _med([g[2] for g in got]),
+            "full_over_written": _r(got[0][4] / wb, 3), "commit_s": _r(_med([g[3] for g in got]), 4),
+            "first_commit_s": _r(t_first, 4),
+        })
+        log(f"    chunk {chunk >> 10:>6} KiB: {got[0][4] / wb:6.2f}x fewer bytes, "
+            f"commit {_med([g[3] for g in got]):.3f} s")
+        del tab
+        _free()
+    meets = [r["chunk_bytes"] for r in sweep if (r["full_over_written"] or 0) >= 6]
+    return {
+        "table": {"rows": rows, "dim": dim, "dtype": "float32", "rows_changed_per_interval": runs[0]["rows_changed"],
+                  "zipf_s": 1.05, "state_bytes": full},
+        "checkpoints": [{k: (_r(v) if isinstance(v, float) else v) for k, v in r.items()} for r in runs],
+        "torch_save_bytes": pt_bytes,
+        "chunk_sweep": {"rows": srows, "results": sweep,
+                        "largest_chunk_meeting_6x": max(meets) if meets else None},
+        "ratios": {"full_over_written": _r(full / written, 3),
+                   "torch_save_over_written": _r(pt_bytes / written, 3)},
+    }
+
+
+# ---- (g) bf16 with and without compression ----------------------------------------------------
+
+
+def g_bf16(cfg: Config) -> dict[str, Any]:
+    log = cfg.log
+    log(f"(g) bf16: ~{cfg.bf16_mib:g} MiB bf16 model + AdamW (bf16 moments), {cfg.reps} reps ...")
+    base = S.build(cfg.bf16_mib * 2, steps=0)  # fp32 sizing; half that in bf16
+    model = base.model.to(torch.bfloat16)
+    del base
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    st = S.TrainState(model, opt, model[0].in_features, 0)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        loss = model(torch.randn(16, st.width, generator=gen, dtype=torch.bfloat16)).float().square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    state = st.torch_state()
+    tree = S.to_numpy_tree(state)
+    nbytes = S.tensor_bytes(state)
+    root = os.path.join(cfg.scratch, "g")
+    os.makedirs(root)
+    entries: list[tuple[str, Any]] = [
+        ("torch.save", lambda p: C.torch_save(state, p)),
+        ("safetensors.save_file", lambda p: C.safetensors_save(state, p)),
+    ] + [(f"ravex {c}", lambda p, c=c: C.ravex_save(tree, p, c)) for c in ("none", "zstd", "blosc")]
+    tm = {n: Timed() for n, _ in entries}
+    for rep in range(cfg.reps):
+        for i, (name, fn) in _rotated(entries, rep):
+            path = os.path.join(root, f"{i}-r{rep}")
+            dt = _t(lambda fn=fn, path=path: fn(path))
+            tm[name].times.append(dt)
+            if rep == 0:
+                tm[name].extra["bytes_on_disk"] = du(path)
+                tm[name].extra["bytes_apparent"] = apparent_size(path)
+            remove(path)
+            log(f"  rep {rep + 1}/{cfg.reps} {name:<24} {dt:7.3f} s")
+    remove(root)
+    raw = tm["ravex none"].extra["bytes_apparent"]
+    out = {
+        "state_bytes": nbytes, "dtype": "bfloat16",
+        "writes": {n: t.to_json(nbytes) | {"compression_ratio": _r(nbytes / t.extra["bytes_apparent"], 3)}
+                   for n, t in tm.items()},
+        "ratios": {
+            "zstd_bytes_over_none": _r(tm["ravex zstd"].extra["bytes_apparent"] / raw, 3),
+            "blosc_bytes_over_none": _r(tm["ravex blosc"].extra["bytes_apparent"] / raw, 3),
+            "zstd_time_over_none": _r(tm["ravex zstd"].median / tm["ravex none"].median, 3),
+            "blosc_time_over_none": _r(tm["ravex blosc"].median / tm["ravex none"].median, 3),
+            "ravex_none_time_over_torch_save": _r(tm["ravex none"].median / tm["torch.save"].median, 3),
+        },
+    }
+    return out
+
+
+# ---- driver ----------------------------------------------------------------------------------
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    results: dict[str, Any] = {"config": {k: v for k, v in cfg.__dict__.items() if k != "log"}}
+    t0 = time.perf_counter()
+    kept: dict[str, str] | None = None
+    try:
+        if "a_stall" in cfg.sections:
+            results["a_stall"] = a_stall(cfg)
+            kept = results["a_stall"].pop("_keep")
+        if "e_load" in cfg.sections:
+            results["e_load"] = e_load(cfg, kept)
+    finally:
+        for p in (kept or {}).values():
+            remove(p)
+        remove(os.path.join(cfg.scratch, "a"))
+    if "f_patch_overhead" in cfg.sections:
+        results["f_patch_overhead"] = f_patch_overhead(cfg)
+    if "b_frozen" in cfg.sections or "d_ten_checkpoints" in cfg.sections:
+        results["b_frozen"], results["d_ten_checkpoints"] = bd_frozen(cfg)
+    if "c_sparse" in cfg.sections:
+        results["c_sparse"] = c_sparse(cfg)
+    if "g_bf16" in cfg.sections:
+        results["g_bf16"] = g_bf16(cfg)
+    results["wall_s"] = round(time.perf_counter() - t0, 1)
+    return results
