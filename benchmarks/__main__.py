@@ -1,8 +1,12 @@
-"""``python -m benchmarks``: run a suite, print its table, write its JSON.
+"""``python -m benchmarks``: run a suite, print its table, write its JSON (and a PNG plot).
 
+    python -m benchmarks all                    # format + runtime + scenarios, budget table, plot
+    python -m benchmarks all --quick            # smoke test of everything: tiny states, < 2 minutes
+    python -m benchmarks runtime                # (a) stall, (e) load/resume, (f) patch overhead
+    python -m benchmarks scenarios              # (b) frozen, (c) sparse, (d) ten checkpoints, (g) bf16
     python -m benchmarks format                 # full run: ~1 GiB state, 3 repetitions
     python -m benchmarks format --quick         # smoke test: tiny state, well under a minute
-    python -m benchmarks report out.json --markdown   # re-print a saved run
+    python -m benchmarks report out.json --markdown   # re-print a saved run (--plot PNG: redraw)
 """
 
 from __future__ import annotations
@@ -25,6 +29,23 @@ QUICK_MIB = 24
 
 
 def _format(args: argparse.Namespace) -> int:
+    res = _format_results(args)
+    if res is None:
+        return 2
+    out = args.out or os.path.join(HERE, "out", "format-quick.json" if args.quick else "format.json")
+    _write_json(res, out)
+    report.show(res, plain=args.plain)
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
+def _write_json(res: dict[str, Any], out: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
+
+
+def _format_results(args: argparse.Namespace) -> dict[str, Any] | None:
     from . import format_bench
 
     if args.quick:
@@ -42,7 +63,7 @@ def _format(args: argparse.Namespace) -> int:
     need = size * (1 << 20) * 9  # one kept output per contender, plus the one being written
     if free < need:
         print(f"not enough space in {args.dir}: {free >> 20} MiB free, ~{need >> 20} MiB needed", file=sys.stderr)
-        return 2
+        return None
     scratch = tempfile.mkdtemp(prefix="ravex-bench-", dir=args.dir)
     log = (lambda *a: None) if args.silent else (lambda *a: print(*a, file=sys.stderr, flush=True))
     cfg = format_bench.Config(
@@ -64,22 +85,95 @@ def _format(args: argparse.Namespace) -> int:
         res.update(format_bench.run(cfg))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    out = args.out or os.path.join(HERE, "out", "format-quick.json" if args.quick else "format.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2)
-    report.show(res, plain=args.plain)
-    print(f"\nJSON: {out}", file=sys.stderr)
+    return res
+
+
+def _scenario_config(args: argparse.Namespace, sections: tuple[str, ...], scratch: str, log: Any) -> Any:
+    from . import scenarios as SC
+
+    if args.quick:  # every scenario tiny: checks that it runs, nothing else
+        cfg = SC.Config(size_mib=16, frozen_mib=16, bf16_mib=8, sparse_rows=1 << 14, sparse_dim=16,
+                        sparse_sweep_rows=1 << 12, sparse_sweep_chunks=(1 << 20, 16 << 10), intervals=3, reps=2,
+                        overhead_pairs=2, overhead_steps=20)
+    else:
+        cfg = SC.Config()
+        if args.size_mib:
+            cfg.size_mib = args.size_mib
+            cfg.frozen_mib = cfg.bf16_mib = args.size_mib / 2
+    if args.reps:
+        cfg.reps = args.reps
+    cfg.scratch, cfg.sections, cfg.log = scratch, sections, log
+    return cfg
+
+
+def _scenarios(args: argparse.Namespace) -> int:
+    from . import budget
+    from . import scenarios as SC
+
+    sections = {"runtime": SC.RUNTIME, "scenarios": SC.SCENARIOS, "all": SC.RUNTIME + SC.SCENARIOS}[args.suite]
+    if args.only:
+        sections = tuple(args.only.split(","))
+    log = (lambda *a: None) if args.silent else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    res: dict[str, Any] = {
+        "suite": args.suite,
+        "command": "python -m benchmarks " + " ".join(args.argv),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git_rev(REPO),
+        "machine": machine_notes(args.dir),
+        "quick": bool(args.quick),
+    }
+    t0 = time.perf_counter()
+    if args.suite == "all" and not args.only:
+        fargs = argparse.Namespace(**vars(args))
+        fargs.warm_only = True
+        fargs.sweep_mib = None
+        fargs.only = "limits,write,read" if not args.quick else None
+        if not args.quick:
+            fargs.size_mib = args.size_mib or 512  # the 1 GiB format figures are the format suite's own run
+        log("== format suite ==")
+        fres = _format_results(fargs)
+        if fres is None:
+            return 2
+        res["format"] = fres
+    os.makedirs(args.dir, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="ravex-scen-", dir=args.dir)
+    try:
+        log("== scenarios ==")
+        res.update(SC.run(_scenario_config(args, sections, scratch, log)))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    res["budget"] = budget.budget(res)
+    res["total_wall_s"] = round(time.perf_counter() - t0, 1)
+    res["loadavg_end"] = list(os.getloadavg())
+    base = f"{args.suite}{'-quick' if args.quick else ''}"
+    out = args.out or os.path.join(HERE, "out", base + ".json")
+    _write_json(res, out)
+    plot = args.plot or os.path.join(os.path.dirname(os.path.abspath(out)), base + ".png")
+    budget.plot(res, plot)
+    show(res, plain=args.plain)
+    print(f"\nJSON: {out}\nplot: {plot}", file=sys.stderr)
     return 0
+
+
+def show(res: dict[str, Any], plain: bool = False, markdown: bool = False) -> None:
+    """Every table of a run: the format suite's (alone or inside ``all``), then the scenarios'."""
+    from . import budget
+
+    tabs = report.tables(res.get("format", res)) + budget.tables(res)
+    if markdown:
+        print(report.render_markdown(tabs))
+    else:
+        report.show_tables(tabs, plain=plain)
 
 
 def _report(args: argparse.Namespace) -> int:
     with open(args.json) as f:
         res = json.load(f)
-    if args.markdown:
-        print(report.render_markdown(report.tables(res)))
-    else:
-        report.show(res, plain=args.plain)
+    show(res, plain=args.plain, markdown=args.markdown)
+    if args.plot:
+        from . import budget
+
+        budget.plot(res, args.plot)
     return 0
 
 
@@ -100,10 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")
     f.add_argument("--silent", action="store_true", help="no progress lines on stderr")
     f.set_defaults(func=_format)
+    for name, what in (("all", "format suite + every scenario, budget table and plot"),
+                       ("runtime", "(a) stall, (e) load/resume, (f) patch overhead, through ravex.activate()"),
+                       ("scenarios", "(b) frozen, (c) sparse embedding, (d) ten checkpoints, (g) bf16")):
+        a = sub.add_parser(name, help=what)
+        a.add_argument("--quick", action="store_true", help="smoke test: every scenario tiny (under 2 minutes)")
+        a.add_argument("--size-mib", type=float, help="(a)/(e) dense state size; (b)/(d)/(g) get half; default 1024")
+        a.add_argument("--reps", type=int, help="repetitions per figure (median); default 3")
+        a.add_argument("--dir", default=tempfile.gettempdir(), help="scratch folder on the disk under test")
+        a.add_argument("--out", help=f"JSON path; default benchmarks/out/{name}[-quick].json")
+        a.add_argument("--plot", help="PNG path; default next to the JSON")
+        a.add_argument("--only", help="comma list of scenarios: a_stall,e_load,f_patch_overhead,b_frozen,"
+                                      "c_sparse,d_ten_checkpoints,g_bf16 (skips the format suite)")
+        a.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")
+        a.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+        a.set_defaults(func=_scenarios)
     r = sub.add_parser("report", help="print the tables of a saved JSON run")
     r.add_argument("json")
     r.add_argument("--markdown", action="store_true")
     r.add_argument("--plain", action="store_true")
+    r.add_argument("--plot", help="also draw the budget plot of a runtime/scenarios/all run to this PNG")
     r.set_defaults(func=_report)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -165,7 +165,10 @@ def render_markdown(tabs: list[Table]) -> str:
 
 
 def show(res: dict[str, Any], plain: bool = False) -> None:
-    tabs = tables(res)
+    show_tables(tables(res), plain=plain)
+
+
+def show_tables(tabs: list[Table], plain: bool = False) -> None:
     if not plain and sys.stdout.isatty():
         try:
             from rich.console import Console

@@ -1,0 +1,199 @@
+"""The performance budget (DESIGN.md, issue 8) against a run's figures: tables and a PNG plot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .report import Table, _f, _mib
+
+#: (key, goal text, getter, op, threshold): op ">=" means the measured ratio must reach the threshold
+GOALS: list[tuple[str, str, Any, str, float]] = [
+    ("(a) stall / bare copy into reused buffers", "<= 1.3x",
+     lambda r: r["a_stall"]["ratios"]["stall_over_bare_copy"], "<=", 1.3),
+    ("(a) torch.save blocking / Ravex stall", ">= 20x",
+     lambda r: r["a_stall"]["ratios"]["torch_save_blocking_over_stall"], ">=", 20.0),
+    ("(a) DCP async_save blocking / Ravex stall", ">= 1x (not slower)",
+     lambda r: r["a_stall"]["ratios"]["dcp_async_blocking_over_stall"], ">=", 1.0),
+    ("(a) background write / disk one-file bandwidth", ">= 0.9x",
+     lambda r: r["a_stall"]["ratios"]["background_write_fraction_of_disk"], ">=", 0.9),
+    ("(b) bytes written / bytes changed", "<= 1.05x",
+     lambda r: r["b_frozen"]["ratios"]["written_over_changed"], "<=", 1.05),
+    ("(b) stall / bare copy of the changed state", "<= 1.3x",
+     lambda r: r["b_frozen"]["ratios"]["stall_over_bare_copy_of_changed"], "<=", 1.3),
+    ("(c) full checkpoint / bytes written (16 MiB chunks)", ">= 6x",
+     lambda r: r["c_sparse"]["ratios"]["full_over_written"], ">=", 6.0),
+    ("(d) Ravex store du / (1st full + 1.05 x changed per later ckpt)", "<= 1x",
+     lambda r: _d_over_goal(r), "<=", 1.0),
+    ("(e) ravex.load / torch.load", "<= 0.8x",
+     lambda r: r["e_load"]["ratios"]["ravex_load_over_torch_load"], "<=", 0.8),
+    ("(e) runtime resume / torch.load+load_state_dict", "<= 0.8x",
+     lambda r: r["e_load"]["ratios"]["ravex_resume_over_torch_resume"], "<=", 0.8),
+    ("(f) per-step patch overhead, A/B of training steps", "< 1%",
+     lambda r: r["f_patch_overhead"]["overhead_fraction"], "<", 0.01),
+    ("(f) patches alone (empty loop) / training step", "< 1%",
+     lambda r: r["f_patch_overhead"]["overhead_fraction_isolated"], "<", 0.01),
+]
+
+
+def _d_over_goal(r: dict[str, Any]) -> float:
+    """(d)'s store against what the delta goal allows: the first (full) checkpoint, then
+    1.05x the changed bytes for each later one."""
+    b, d = r["b_frozen"], r["d_ten_checkpoints"]
+    first = b["checkpoints"][0]["new_bytes"] + b["checkpoints"][0]["manifest_bytes"]
+    allowed = first + (d["checkpoints"] - 1) * 1.05 * b["state"]["changed_expected_bytes"]
+    return round(d["ravex_store_du"] / allowed, 3)
+
+
+def budget(res: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, goal, get, op, thr in GOALS:
+        try:
+            v = get(res)
+        except (KeyError, TypeError):
+            continue
+        if v is None:
+            met = None
+        elif op == ">=":
+            met = v >= thr
+        elif op == "<=":
+            met = v <= thr
+        else:
+            met = v < thr
+        rows.append({"goal": name, "target": goal, "measured": v, "op": op, "threshold": thr, "met": met})
+    return rows
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    v = row["measured"]
+    if v is None:
+        return "-"
+    return f"{v:+.2%}" if row["goal"].startswith("(f)") else f"{v:.3g}x"
+
+
+def tables(res: dict[str, Any]) -> list[Table]:
+    out: list[Table] = []
+    rows = budget(res)
+    if rows:
+        out.append(("Performance budget (ratios from one run)", ["goal", "target", "measured", "met"],
+                    [[r["goal"], r["target"], _fmt(r), {True: "yes", False: "NO", None: "-"}[r["met"]]]
+                     for r in rows]))
+    a = res.get("a_stall")
+    if a:
+        copy = a["blocking"]["bare copy into reused buffers"]["median_s"]
+        trs = []
+        for n, d in a["blocking"].items():
+            du = a["durable"][n]
+            trs.append([n, _f(d["median_s"]), _f(d["median_s"] / copy, ".2f") + "x", _f(du["median_s"]),
+                        _f(du.get("gib_s"))])
+        first = a["first_checkpoint"]
+        out.append((
+            f"(a) {a['state']['tensor_gib']:.2f} GiB dense + AdamW: blocking time vs time to durable "
+            f"(steady state, median of {len(a['blocking']['torch.save']['times_s'])}; first ravex checkpoint "
+            f"stalls {_f(first['ravex.checkpoint']['stall_s'])} s, first DCP async_save blocks "
+            f"{_f(first['dcp.async_save']['blocking_s'])} s)",
+            ["contender", "blocks s", "blocks / bare copy", "durable s", "durable GiB/s"], trs))
+    e = res.get("e_load")
+    if e:
+        out.append((f"(e) load and resume, {e['bytes'] / (1 << 30):.2f} GiB, warm page cache",
+                    ["loader", "median s", "GiB/s", "/ torch.load"],
+                    [[n, _f(d["median_s"]), _f(d.get("gib_s")), _f(d["over_torch_load"], ".2f") + "x"]
+                     for n, d in e["loads"].items()]))
+    f = res.get("f_patch_overhead")
+    if f:
+        out.append((f"(f) per-step patch overhead: {f['pairs']} interleaved off/on pairs of {f['steps_per_block']} "
+                    "steps, thread CPU time, median",
+                    ["loop", "step off ms", "step on ms", "overhead", "us/step"],
+                    [[f["model"], _f(f["step_s_off"]["median"] * 1e3), _f(f["step_s_on"]["median"] * 1e3),
+                      f"{f['overhead_fraction']:+.2%}", _f(f["overhead_us_per_step"], ".1f")],
+                     *([["patches alone: next() + optimizer.step() on one scalar", _f(f["empty_step_us_off"] / 1e3),
+                         _f(f["empty_step_us_on"] / 1e3), f"{f['overhead_fraction_isolated']:+.2%} of a step",
+                         _f(f["patch_us_per_step_isolated"], ".1f")]] if "empty_step_us_off" in f else [])]))
+    b, d = res.get("b_frozen"), res.get("d_ten_checkpoints")
+    if b:
+        ck = b["checkpoints"]
+        rows2 = [[str(i + 1), _mib(c["changed_tensor_bytes"]), _mib(c["new_bytes"] + c["manifest_bytes"]),
+                  _f(c["stall_s"]), _f(c["background_s"]), _mib(c["store_du_after"])] for i, c in enumerate(ck)]
+        out.append((
+            f"(b)/(d) 90% frozen, {_mib(b['state']['tensor_bytes'])} MiB state, one optimizer step between "
+            f"checkpoints (bare copy of the changed {_mib(b['state']['changed_expected_bytes'])} MiB: "
+            f"{_f(b['bare_copy_of_changed_s']['median_s'])} s; torch.save {_f(b['torch_save_s']['median_s'])} s)",
+            ["ckpt", "changed MiB", "written MiB", "stall s", "background s", "store du MiB"], rows2))
+    if d:
+        out.append(("(d) ten checkpoints on storage", ["what", "du MiB"], [
+            ["Ravex store", _mib(d["ravex_store_du"])],
+            ["ten torch.save files", _mib(d["torch_save_files_du"])],
+            ["ratio", _f(d["ratios"]["torch_save_over_ravex_du"], ".2f") + "x"]]))
+    c = res.get("c_sparse")
+    if c:
+        t = c["table"]
+        sw = c["chunk_sweep"]
+        rows3 = [["runtime, default chunks", _mib(t["state_bytes"]), _mib(c["checkpoints"][0]["new_bytes"]
+                                                                           + c["checkpoints"][0]["manifest_bytes"]),
+                  _f(c["ratios"]["full_over_written"], ".2f") + "x", _f(c["checkpoints"][0]["durable_s"])]]
+        rows3 += [[f"writer, {r['chunk_bytes'] >> 10} KiB chunks ({sw['rows']} rows)", _mib(r["full_bytes"]),
+                   _mib(r["written_bytes"]), _f(r["full_over_written"], ".2f") + "x", _f(r["commit_s"])]
+                  for r in sw["results"]]
+        out.append((
+            f"(c) sparse embedding {t['rows']} x {t['dim']} + SparseAdam, {t['rows_changed_per_interval']} rows "
+            f"(Zipf s={t['zipf_s']}) per interval; largest chunk meeting 6x: "
+            f"{'-' if sw['largest_chunk_meeting_6x'] is None else str(sw['largest_chunk_meeting_6x'] >> 10) + ' KiB'}",
+            ["writer", "full MiB", "written MiB", "full / written", "commit s"], rows3))
+    g = res.get("g_bf16")
+    if g:
+        out.append((f"(g) bf16 state {_mib(g['state_bytes'])} MiB: durable write, bytes stored",
+                    ["writer", "median s", "GiB/s", "stored MiB", "ratio"],
+                    [[n, _f(w["median_s"]), _f(w.get("gib_s")), _mib(w["bytes_apparent"]),
+                      _f(w["compression_ratio"])] for n, w in g["writes"].items()]))
+    return out
+
+
+def plot(res: dict[str, Any], path: str) -> None:
+    """Two panels: every budget goal as (measured vs target, >1 = met, log scale); (a)'s blocking
+    time of each contender as a multiple of a bare copy into reused buffers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in budget(res) if r["measured"] is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6.5), gridspec_kw={"width_ratios": [1.3, 1]})
+    ax = axes[0]
+    names, vals, cols = [], [], []
+    for r in rows:
+        v, thr = r["measured"], r["threshold"]
+        if r["goal"].startswith("(f)"):  # a fraction; margin = goal / measured on 1 + x
+            margin = (1 + thr) / (1 + max(v, -0.99))
+        elif r["op"] == ">=":
+            margin = v / thr
+        else:
+            margin = thr / v if v > 0 else 100.0
+        names.append(f"{r['goal']}\ngoal {r['target']}, measured {_fmt(r)}")
+        vals.append(margin)
+        cols.append("#3a923a" if r["met"] else "#c0392b")
+    ax.barh(range(len(vals)), vals, color=cols)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_yticks(range(len(vals)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("measured vs goal (>1: met, green)")
+    ax.set_title("Performance budget", fontsize=10)
+    a = res.get("a_stall")
+    ax = axes[1]
+    if a:
+        copy = a["blocking"]["bare copy into reused buffers"]["median_s"]
+        items = [(n, d["median_s"] / copy, a["durable"][n]["median_s"] / copy) for n, d in a["blocking"].items()
+                 if not n.startswith("disk")]
+        ys = range(len(items))
+        ax.barh([y + 0.2 for y in ys], [i[1] for i in items], height=0.4, color="#2c6fbb", label="blocks training")
+        ax.barh([y - 0.2 for y in ys], [i[2] for i in items], height=0.4, color="#bbbbbb", label="until durable")
+        ax.set_yticks(list(ys), [i[0] for i in items], fontsize=8)
+        ax.set_xscale("log")
+        ax.axvline(1.3, color="#3a923a", ls="--", lw=1, label="1.3x bare copy")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_xlabel("x bare copy into reused buffers (log)")
+        ax.set_title(f"(a) {a['state']['tensor_gib']:.2f} GiB dense + AdamW: stall", fontsize=10)
+    fig.suptitle(f"Ravex benchmarks{' (--quick: tiny states, figures meaningless)' if res.get('quick') else ''}"
+                 f" - {res.get('started_utc', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
