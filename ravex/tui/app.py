@@ -171,7 +171,9 @@ class InspectorApp(App[None]):
         if not s.complete:
             self.leaves = []
             tree.set_leaves([])
+            tree.loading = False
             return
+        tree.loading = True  # a step of 10,000 tensors takes a moment to parse
         self.load_step(s.step)
 
     def reader(self, step: int) -> StepReader:
@@ -194,13 +196,19 @@ class InspectorApp(App[None]):
         try:
             leaves = step_leaves(self.reader(step))
         except Exception as exc:
-            self.call_from_thread(self.notify, f"step_{step}: {_one_line(exc)}", severity="error")
+            self.call_from_thread(self._step_failed, step, exc)
             return
         self.call_from_thread(self._set_leaves, step, leaves)
+
+    def _step_failed(self, step: int, exc: Exception) -> None:
+        if step == self.step:
+            self.query_one(TensorTree).loading = False
+            self.notify(f"step_{step}: {_one_line(exc)}", severity="error")
 
     def _set_leaves(self, step: int, leaves: list[Leaf]) -> None:
         if step != self.step:
             return  # stale: the user moved on
+        self.query_one(TensorTree).loading = False
         self.leaves = leaves
         self._apply_filter()
         if self._pending_tensor:
