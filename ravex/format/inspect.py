@@ -119,7 +119,8 @@ def summarize_step(store: CheckpointStore, step: int) -> StepSummary:
     """A step's completeness and size from its manifests' headers (see :func:`read_manifest_header`).
 
     Complete means what :meth:`CheckpointStore.step_info` means: the manifests of ranks
-    ``0..W-1`` all exist and agree on ``world_size`` ``W`` and ``run``.
+    ``0..W-1`` (and no others) exist and agree on ``world_size`` ``W`` and ``run``; for ``W > 1``
+    the store is asked too, since whether the ranks' tensors merge needs their whole manifests.
     """
     ranks = sorted(
         int(m.group(1)) for m in map(_MANIFEST_NAME.match, store.storage.list_dir(step_dir(step))) if m
@@ -140,6 +141,12 @@ def summarize_step(store: CheckpointStore, step: int) -> StepSummary:
         problem = f"missing manifests of ranks {missing}"
     elif any(h["world_size"] != world or h.get("run") != first.get("run") for h in headers.values()):
         problem = "ranks belong to another run or world size (mixed writers)"
+    elif ranks[-1] >= world:
+        problem = f"rank {ranks[-1]} is beyond world_size {world}"
+    elif world > 1:
+        # whether the ranks' tensors merge needs the whole manifests: ask the store (it keeps them)
+        info = store.step_info(step)
+        problem = None if info.complete else (info.problem or "incomplete")
     used = [headers[r] for r in ranks if r < world] if problem is None else list(headers.values())
 
     def total(field: str) -> int:

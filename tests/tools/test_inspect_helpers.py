@@ -162,3 +162,20 @@ def test_large_tensors_stream_in_blocks_with_the_same_statistics(tmp_path, monke
 
     with pytest.raises(Stop):  # a caller can stop a long read between two blocks
         fi.read_tensor_stats(reader, "x", progress=stop)
+
+
+def test_summaries_agree_with_the_store_on_completeness(tmp_path):
+    """Header-only summaries call a step complete exactly when the store does."""
+    store = open_store(write_run(tmp_path / "s", steps=(1,), incomplete=2))
+    x = np.arange(6, dtype="float32")
+    for rank in (0, 1):  # two ranks of one run
+        with store.writer(rank=rank, world_size=2, run="two") as w:
+            w.commit(3, {"x": x})
+    for rank, value in ((0, x), (1, x + 1)):  # two ranks that disagree on a tensor's bytes
+        with store.writer(rank=rank, world_size=2, run="bad") as w:
+            w.commit(4, {"x": value})
+    rows = {r.step: r for r in summarize_steps(store)}
+    for step in (1, 2, 3, 4):
+        info = store.step_info(step)
+        assert rows[step].complete == info.complete, (step, rows[step], info)
+    assert [rows[s].complete for s in (1, 2, 3, 4)] == [True, False, True, False]
