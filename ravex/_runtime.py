@@ -222,7 +222,7 @@ class RavexRuntime:
                     f"it has {steps[-5:]}{' (newest five)' if len(steps) > 5 else ''}"
                 )
             self._candidates = [resume]
-        if self._candidates:
+        if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
             self._restored = False
             self._triggers = _patches.install_restore_triggers(self)
 
@@ -231,14 +231,26 @@ class RavexRuntime:
         if self._resume_loaded:
             return self._resume_tree
         self._resume_loaded = True
-        for i, step in enumerate(self._candidates):
+        candidates = self._candidates
+        if self.world_size > 1:  # one collective: the steps every rank holds, and the run id
+            candidates = _distributed.agree_on_steps(candidates, self.backend, self.rank,
+                                                     self.world_size)
+        for i, step in enumerate(candidates):
             started = time.perf_counter()
             try:
                 tree = self.backend.load_step(step)
                 if tree is None:
                     raise FileNotFoundError(f"step {step} vanished")
+                if _distributed.is_lazy(tree):  # several ranks or shards: read what is ours
+                    tree = _distributed.resolve(self.registry, tree)
+                failed: Exception | None = None
             except Exception as exc:
-                nxt = self._candidates[i + 1] if i + 1 < len(self._candidates) else None
+                failed = exc
+            if self.world_size > 1 and not _distributed.all_ok(failed is None) and failed is None:
+                failed = RuntimeError("another rank could not read it")
+            if failed is not None:
+                exc = failed
+                nxt = candidates[i + 1] if i + 1 < len(candidates) else None
                 logger.warning("ravex: checkpoint step %d in %s is unreadable (%s: %s); %s",
                                step, self.backend.url, type(exc).__name__, exc,
                                f"falling back to step {nxt}" if nxt is not None
@@ -435,6 +447,8 @@ class RavexRuntime:
                 self.backend.prepare_writes(self.resumed_from)
                 self._prepared_writes = True
             tree = _state.collect(self.registry, self.step, st)
+            if getattr(self.backend, "name", None) == "zarr":  # ranks, shards: who writes what
+                tree = _distributed.prepare_save(tree, self.rank, self.world_size)
             self._keep_alive()
             metadata = {"reason": reason, "time": time.time(), "pid": self.pid,
                         "ravex": _version()}

@@ -156,6 +156,9 @@ class ZarrBackend(CheckpointBackend):
         self.rank = rank
         self.world_size = world_size
         self._writer: Any = None
+        self.run_id: str | None = None  # several ranks: agreed by ravex._distributed
+        self.writes_agreed = False
+        self._refs_pending: list[int] = []
         super().__init__(as_numpy=True)
 
     def _make_writer(self) -> Any:
@@ -163,6 +166,8 @@ class ZarrBackend(CheckpointBackend):
             "rank": self.rank, "world_size": self.world_size,
             "compression": self.config.compression,
         }
+        if self.run_id is not None:
+            kwargs["run"] = self.run_id
         params = inspect.signature(self.store.writer).parameters
         if "delta" in params:
             kwargs["delta"] = self.config.delta
@@ -173,13 +178,20 @@ class ZarrBackend(CheckpointBackend):
     def _write(self, job: Job) -> dict[str, Any]:
         if self._writer is None:
             self._writer = self._make_writer()
+        tree = job.tree
+        if isinstance(tree, dict) and "distributed" in tree:
+            from ravex import _distributed
+
+            tree = _distributed.plan_write(tree, self.rank, self.world_size)
         try:
-            stats = self._writer.commit(job.step, job.tree, metadata=job.metadata)
+            stats = self._writer.commit(job.step, tree, metadata=job.metadata)
         except BaseException:
             self._drop_writer()  # next interval starts from a fresh writer
             raise
         result: dict[str, Any] = {"stats": stats}
-        if self.config.keep_last or self.config.keep_every:
+        if self.world_size > 1 and self.rank == 0:
+            self._write_refs(job.step)
+        if (self.config.keep_last or self.config.keep_every) and self.rank == 0:  # one GC per store
             started = time.perf_counter()
             try:
                 self.store.gc(keep_last=self.config.keep_last, keep_every=self.config.keep_every)
@@ -210,11 +222,37 @@ class ZarrBackend(CheckpointBackend):
     def complete_steps(self) -> list[int]:
         return sorted(self.store.complete_steps())
 
+    def _write_refs(self, step: int) -> None:
+        """Rank 0 writes ``refs.json`` of the multi-rank steps it has seen complete (a step
+        completes when its slowest rank commits: a pending one is retried next time)."""
+        from ravex.format import write_refs
+
+        self._refs_pending = [*self._refs_pending[-7:], step]
+        for pending in list(self._refs_pending):
+            try:
+                if self.store.step_info(pending).complete:
+                    write_refs(self.store, pending)
+                    self._refs_pending.remove(pending)
+            except Exception as exc:  # the step is readable without it
+                logger.warning("ravex: refs.json of step %d not written: %s", pending, exc)
+                self._refs_pending.remove(pending)
+
     def load_step(self, step: int) -> dict[str, Any] | None:
-        return self.store.open_step(step).read(rank=self.rank)
+        if self.world_size == 1 and self.store.step_info(step).world_size == 1:
+            reader = self.store.open_step(step)
+            if "distributed" not in reader.tree(0):
+                return reader.read(rank=0)
+        from ravex import _distributed
+
+        return _distributed.load_tree(self.store, step, self.rank, self.world_size)
 
     def prepare_writes(self, resumed_from: int | None) -> None:
         # docstring inherited
+        if self.world_size > 1:  # rank 0 drops partial steps before any rank writes
+            from ravex import _distributed
+
+            _distributed.start_writes(self, self.rank, self.world_size)
+            return
         latest = self.latest_step()
         floor = max(s for s in (resumed_from, latest, -1) if s is not None)
         self.store.discard_incomplete_above(floor)

@@ -1,0 +1,117 @@
+"""DDP under real ``torchrun`` (2 ranks, gloo, CPU): SIGKILL the whole job, rerun it, and it
+ends bitwise identical to an uninterrupted 2-rank run; replicated state is written once in
+total, spread over the ranks; a rank killed inside its write leaves a step every rank skips;
+a 2-rank checkpoint resumes at 1 rank and a 1-rank one at 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ravex.format import open_store
+
+from . import dharness as h
+
+STEPS = 16  # 2 epochs x 8 batches per rank at 2 ranks
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 2-rank run without Ravex."""
+    cwd = tmp_path_factory.mktemp("ddp-reference")
+    out = cwd / "final.pt"
+    result = h.run(2, cwd, h.env(T_ENTRY="none", T_OUT=str(out)))
+    assert result.returncode == 0, result.explain()
+    assert len(result.losses(0)) == STEPS and len(result.losses(1)) == STEPS
+    return result, torch.load(out, weights_only=False)
+
+
+def _check_resumed(second: h.Result, ref: h.Result, ref_state: dict, out, expect: int) -> None:
+    assert second.returncode == 0, second.explain()
+    for rank in (0, 1):
+        assert second.restored(rank) == expect, second.explain()
+        after = {s: v for s, v in ref.losses(rank).items() if s > expect}
+        assert second.losses(rank) == after, f"rank {rank}: losses after the resume differ"
+    h.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+
+def test_sigkill_resume_is_bitwise_and_replicated_state_written_once(tmp_path, reference):
+    ref, ref_state = reference
+    cwd = h.workdir(tmp_path, every=4)
+    first = h.run(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="6"), kill_when=h.all_ranks("BLOCKED", 2))
+    assert first.killed, first.explain()
+    for rank in (0, 1):
+        got = first.losses(rank)
+        assert got == {s: v for s, v in ref.losses(rank).items() if s in got}, "ravex perturbed training"
+
+    out = tmp_path / "final.pt"
+    second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
+    _check_resumed(second, ref, ref_state, out, expect=4)
+
+    store = open_store(cwd / "ckpt")
+    assert {8, 12, 16} <= set(store.complete_steps())  # keep_last 3; GC may lag one step
+    reader = store.open_step(16)
+    assert reader.world_size == 2
+    runs = {m.run for m in reader.manifests}
+    assert len(runs) == 1
+    written_by: dict[str, set[int]] = {}
+    for m in reader.manifests:
+        for path, entry in m.arrays.items():
+            if entry.chunks:
+                written_by.setdefault(path, set()).add(m.rank)
+    replicated = [p for p in reader.arrays if p.startswith(("models/", "optimizers/"))]
+    assert replicated
+    for path in replicated:
+        if reader.arrays[path].shape:  # 0-d tensors (Adam's step) are inline in every manifest
+            assert len(written_by[path]) == 1, f"{path} written by ranks {written_by[path]}"
+    assert {r for p in replicated if reader.arrays[p].shape for r in written_by[p]} == {0, 1}
+    for rank in (0, 1):  # per-rank state under a path only that rank writes
+        own = [p for p in reader.arrays if p.startswith(f"rank-{rank}/")]
+        assert own and all(written_by.get(p, {rank}) == {rank} for p in own)
+        assert f"rank-{rank}/rng/torch" in reader.arrays
+
+
+def test_rank_killed_mid_write_leaves_a_step_every_rank_skips(tmp_path, reference):
+    ref, ref_state = reference
+    cwd = h.workdir(tmp_path, every=4)
+    first = h.run(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_IN_WRITE="2", T_BLOCK_RANK="1"),
+                  kill_when=h.any_line("IN-WRITE 1"))
+    assert first.killed, first.explain()
+    store = open_store(cwd / "ckpt")
+    assert store.complete_steps() == [4]
+    info = store.step_info(8)
+    assert not info.complete and 1 not in info.ranks
+
+    out = tmp_path / "final.pt"
+    second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
+    _check_resumed(second, ref, ref_state, out, expect=4)
+    store = open_store(cwd / "ckpt")
+    assert {8, 12, 16} <= set(store.complete_steps())  # step 8 rewritten whole by the new run
+
+
+def test_two_ranks_resume_at_one_and_one_at_two(tmp_path, reference):
+    _, ref_state = reference
+    cwd = h.workdir(tmp_path, every=4)
+    two = h.run(2, cwd, h.env(T_ENTRY="activate"))
+    assert two.returncode == 0, two.explain()
+    assert open_store(cwd / "ckpt").latest_step() == STEPS
+    # 2 -> 1: the one rank reads every replicated tensor; the run is over, so its final
+    # state is the restored one, which must be the 2-rank run's exactly.
+    out = tmp_path / "one.pt"
+    one = h.run(1, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
+    assert one.returncode == 0, one.explain()
+    assert "written by 2 rank(s), this run has 1" in one.stderr
+    h.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+    # 1 -> 2
+    (tmp_path / "w1").mkdir()
+    cwd1 = h.workdir(tmp_path / "w1", every=8)
+    out1 = tmp_path / "w1.pt"
+    solo = h.run(1, cwd1, h.env(T_ENTRY="activate", T_OUT=str(out1)))
+    assert solo.returncode == 0, solo.explain()
+    out2 = tmp_path / "w2.pt"
+    pair = h.run(2, cwd1, h.env(T_ENTRY="activate", T_OUT=str(out2)))
+    assert pair.returncode == 0, pair.explain()
+    assert pair.restored(0) is None  # nothing left to train: restored without a step
+    h.assert_same_state(torch.load(out2, weights_only=False), torch.load(out1, weights_only=False))

@@ -1,0 +1,146 @@
+"""A real multi-rank training loop, launched by the tests with ``torchrun`` (gloo, CPU).
+
+``ravex.activate()`` runs first, before ``init_process_group``, as a user would write it.
+DDP (or FSDP2 ``fully_shard``), a shuffled ``DistributedSampler``, dropout, AdamW and a
+per-step LR scheduler; every rank seeds its RNGs differently, so a rank that got another
+rank's RNG back would diverge. Environment:
+
+``T_ENTRY``   ``activate`` or ``none`` (plain torch: the reference)
+``T_MODE``    ``ddp`` (default) or ``fsdp``
+``T_EPOCHS``  epochs (default 2); 64 samples, batch 4: 16 // world steps per epoch... per rank
+``T_OUT``     rank 0 writes the final full state there (torch.save of plain tensors)
+``T_BLOCK_AT``  ``<step>``: every rank flushes ravex after that step, prints
+              ``BLOCKED <rank>`` and waits forever; the test SIGKILLs the job
+``T_BLOCK_IN_WRITE``  ``<n>``: rank ``T_BLOCK_RANK`` (default 1) stops its writer inside
+              its n-th checkpoint after the first object, printing ``IN-WRITE <rank>``
+
+Prints ``LOSS <rank> <step> <float.hex>`` per step, ``RESTORED <rank> <step>`` after the
+first step of a resumed run, and ``FINISHED <rank>``.
+"""
+
+import os
+import sys
+import threading
+
+ENTRY = os.environ.get("T_ENTRY", "none")
+if ENTRY == "activate":
+    import ravex
+
+    ravex.activate()
+
+import random  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
+
+MODE = os.environ.get("T_MODE", "ddp")
+EPOCHS = int(os.environ.get("T_EPOCHS", "2"))
+BLOCK_AT = int(os.environ.get("T_BLOCK_AT", "0") or 0)
+
+
+def say(line: str) -> None:
+    """One write per line: the ranks share a pipe, and a single write below PIPE_BUF is atomic."""
+    os.write(1, (line + "\n").encode())
+
+
+def install_write_block(n: int, rank: int) -> None:
+    from ravex.format.storage import LocalStorage
+
+    seen: set[str] = set()
+    never = threading.Event()
+    original = LocalStorage.write
+
+    def write(self, key, data):
+        original(self, key, data)
+        if key.startswith("steps/") and key.endswith(f"/rank-{rank}.json"):
+            seen.add(key.split("/")[1])
+        elif key.startswith("objects/") and len(seen) == n - 1:
+            say(f"IN-WRITE {rank}")
+            never.wait()
+
+    LocalStorage.write = write
+
+
+class Noisy(Dataset):
+    def __init__(self, n: int = 64) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = torch.randn(n, 4, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i] + torch.randn(16) * 0.01, self.y[i]  # global (per-rank) RNG
+
+
+def full(value):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: full(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [full(v) for v in value]
+    return value
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if os.environ.get("T_BLOCK_IN_WRITE") and rank == int(os.environ.get("T_BLOCK_RANK", "1")):
+        install_write_block(int(os.environ["T_BLOCK_IN_WRITE"]), rank)
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts them anyway)
+    model = nn.Sequential(nn.Linear(16, 33), nn.ReLU(), nn.Dropout(0.2), nn.Linear(33, 4))
+    torch.manual_seed(100 + rank)  # then every rank its own stream
+    random.seed(100 + rank)
+    np.random.seed(100 + rank)
+    if MODE == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+        net = model
+    else:
+        net = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
+    data = Noisy()
+    sampler = DistributedSampler(data, shuffle=True, seed=7)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=len(loader) * EPOCHS)
+    loss_fn = nn.MSELoss()
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            scale = 1.0 + 0.001 * random.random() + 0.001 * float(np.random.rand())
+            loss = loss_fn(net(x) * scale, y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step = ravex.step() if ENTRY == "activate" else sched.last_epoch
+            if ENTRY == "activate" and ravex.status()["resumed"] and not getattr(main, "said", 0):
+                main.said = 1
+                say(f"RESTORED {rank} {ravex.status()['resumed_from']}")
+            say(f"LOSS {rank} {step} {loss.item().hex()}")
+            if step == BLOCK_AT:
+                ravex.flush()
+                say(f"BLOCKED {rank}")
+                threading.Event().wait()  # the test SIGKILLs the job here
+    state = {"model": full(model.state_dict()), "opt": full(opt.state_dict()), "sched": sched.state_dict()}
+    out = os.environ.get("T_OUT")
+    if out and rank == 0:
+        torch.save(state, out)
+    dist.barrier()
+    say(f"FINISHED {rank}")
+    if ENTRY == "activate":
+        ravex.flush()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
