@@ -16,8 +16,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from .codecs import pipeline
 from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFoundError, UnsafeNameError
 from .hashing import digest
+from .manifest import ChunkRef
 from .names import is_decimal, object_key
 from .storage import Storage
 
@@ -79,6 +81,22 @@ class ValidationReport:
         }
 
 
+def _chunk_damaged(data: bytes, ref: ChunkRef, codecs: list) -> bool:
+    """Whether one chunk's bytes inside a (damaged) object no longer decode to its ``raw``."""
+    start = ref.offset or 0
+    stored = data[start : start + ref.size]
+    if len(stored) != ref.size:
+        return True
+    try:
+        pipe = pipeline(codecs)
+        if pipe.compressor is None:
+            return digest(stored) != ref.raw
+        decoded = pipe.compressor.decode(stored)
+    except Exception:
+        return True
+    return digest(decoded) != ref.raw
+
+
 def validate(
     url_or_store: object, full: bool = False, steps: list[int] | None = None, storage_options: dict | None = None
 ) -> ValidationReport:
@@ -105,7 +123,7 @@ def validate(
     report = ValidationReport(store.url)
     storage: Storage = store.storage
     sizes = {o.key.rsplit("/", 1)[-1]: (o.key, o.size) for o in storage.walk("objects")}
-    referenced: dict[str, tuple[int, int, str, str, int]] = {}
+    referenced: dict[str, list[tuple[int, int, str, str, ChunkRef, list]]] = {}
 
     for step in store.step_numbers():
         if steps is not None and step not in steps:
@@ -136,7 +154,7 @@ def validate(
                 for key, ref in entry.chunks.items():
                     if ref.object is None:
                         continue
-                    referenced.setdefault(ref.object, (step, rank, path, key, ref.size))
+                    referenced.setdefault(ref.object, []).append((step, rank, path, key, ref, entry.codecs))
                     found = sizes.get(ref.object)
                     where = f"step {step} rank {rank} tensor {path!r} chunk {key}"
                     if found is None or found[0] != object_key(ref.object):
@@ -158,23 +176,33 @@ def validate(
             )
 
     if full:
-        def check(name: str) -> Finding | None:
-            step, rank, path, key, _size = referenced[name]
+        def check(name: str) -> list[Finding]:
             try:
                 data = storage.read(object_key(name))
             except FileNotFoundError:
-                return None  # already reported as missing
-            if digest(data) != name:
-                return Finding("hash_mismatch",
-                               f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
-                               "does not match its hash (corrupt bytes)", step, rank, path, key, name)
-            return None
+                return []  # already reported as missing
+            if digest(data) == name:
+                return []
+            # Name every chunk the damage reaches (a pack holds many: check each one's bytes).
+            found, seen = [], set()
+            for step, rank, path, key, ref, codecs in referenced[name]:
+                if (step, path, key) in seen or not _chunk_damaged(data, ref, codecs):
+                    continue
+                seen.add((step, path, key))
+                found.append(Finding("hash_mismatch",
+                                     f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
+                                     "does not match its hash (corrupt bytes)", step, rank, path, key, name))
+            if not found:  # damage outside every chunk's bytes: name the object's first user
+                step, rank, path, key, _ref, _codecs = referenced[name][0]
+                found.append(Finding("hash_mismatch",
+                                     f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
+                                     "does not match its hash (corrupt bytes)", step, rank, path, key, name))
+            return found
 
         present = [n for n in referenced if n in sizes]
         with ThreadPoolExecutor(max_workers=8) as pool:
-            for finding in pool.map(check, present):
-                if finding:
-                    report.findings.append(finding)
+            for findings in pool.map(check, present):
+                report.findings.extend(findings)
         report.objects_checked = len(present)
 
     if steps is None:
