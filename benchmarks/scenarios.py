@@ -51,12 +51,14 @@ class Config:
     sparse_rows: int = 1 << 20  # (c): rows x dim fp32, plus SparseAdam's two moments
     sparse_dim: int = 64
     sparse_sweep_rows: int = 1 << 16  # (c) chunk-size sweep on a smaller table, same row size
-    sparse_sweep_chunks: tuple[int, ...] = (16 * MIB, 1 * MIB, 256 << 10, 64 << 10, 16 << 10, 4 << 10)
+    sparse_sweep_chunks: tuple[int, ...] = (16 * MIB, 1 * MIB, 256 << 10, 64 << 10, 16 << 10, 4 << 10, 2 << 10, 1 << 10)
     intervals: int = 10  # (b)/(d) checkpoints; (c) uses min(intervals, 4)
     reps: int = 3
+    a_reps: int = 5  # (a) is the headline: more repetitions
     overhead_pairs: int = 40  # (f) interleaved off/on blocks
     overhead_steps: int = 100  # (f) steps per block
     scratch: str = "/tmp"
+    settle: bool = True  # os.sync() before each timed write, as the format suite does (not in --quick)
     sections: tuple[str, ...] = RUNTIME + SCENARIOS
     log: Any = print
 
@@ -99,8 +101,9 @@ class Active:
     The commit's figures (CommitStats) are taken from the background writer's result, by
     wrapping the saver's write callable on this instance (Ravex itself is not changed)."""
 
-    def __init__(self, store: str, **overrides: Any) -> None:
+    def __init__(self, store: str, collect: bool = True, **overrides: Any) -> None:
         self.store = store
+        self.collect = collect
         self.overrides = {
             "storage": store, "checkpoint_every": 10**9, "keep_last": None, "resume": "never",
             "checkpoint_on_exit": False, "checkpoint_on_signal": [], "log_level": "WARNING", **overrides,
@@ -110,7 +113,8 @@ class Active:
     def __enter__(self) -> Active:
         import ravex
 
-        _free()  # cyclic garbage of earlier scenarios must not be scanned as live objects
+        if self.collect:
+            _free()  # cyclic garbage of earlier scenarios must not be scanned as live objects
         self.rt = ravex.activate(**self.overrides)
         saver = self.rt.backend._saver
         inner = saver._write
@@ -169,7 +173,8 @@ def dcp_async(state: Any, path: str) -> tuple[float, float]:
 
 def a_stall(cfg: Config) -> dict[str, Any]:
     log = cfg.log
-    log(f"(a) stall: ~{cfg.size_mib:g} MiB dense model + AdamW, full checkpoint, {cfg.reps} reps ...")
+    reps = max(cfg.reps, cfg.a_reps)
+    log(f"(a) stall: ~{cfg.size_mib:g} MiB dense model + AdamW, full checkpoint, {reps} reps ...")
     dense = S.build(cfg.size_mib)
     state = dense.torch_state()
     arrays = _np_arrays(state)
@@ -191,7 +196,7 @@ def a_stall(cfg: Config) -> dict[str, Any]:
         bl, du_ = dcp_async(state, os.path.join(root, "dcp-async-first"))
         first["dcp.async_save"] = {"blocking_s": bl, "durable_s": du_}
         remove(os.path.join(root, "dcp-async-first"))
-        for rep in range(cfg.reps):
+        for rep in range(reps):
             dense.train(1, seed=100 + rep)  # every tensor changes: each checkpoint is a full one
 
             def ravex_ck() -> tuple[float, float]:
@@ -216,11 +221,13 @@ def a_stall(cfg: Config) -> dict[str, Any]:
             ]
             for i, (name, fn) in _rotated(entries, rep):
                 path = os.path.join(root, f"{i}-r{rep}")
+                if cfg.settle:
+                    os.sync()  # nobody's dirty pages (the previous contender's) are flushed inside this one
                 b, d = fn(path)
                 blocking[name].times.append(b)
                 durable[name].times.append(d)
-                log(f"  rep {rep + 1}/{cfg.reps} {name:<32} blocks {b:7.3f} s  durable {d:7.3f} s")
-                if rep == cfg.reps - 1 and name in ("torch.save", "safetensors.save_file", "disk: one file + fsync"):
+                log(f"  rep {rep + 1}/{reps} {name:<32} blocks {b:7.3f} s  durable {d:7.3f} s")
+                if rep == reps - 1 and name in ("torch.save", "safetensors.save_file", "disk: one file + fsync"):
                     keep[name] = path
                 else:
                     remove(path)
@@ -294,14 +301,21 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
         fresh.model.load_state_dict(sd["model"])
         fresh.optimizer.load_state_dict(sd["optim"])
 
+    split: dict[str, list[float]] = {"activate": [], "read_restore": []}
+
     def ravex_resume(p: str) -> None:
-        with Active(p, resume="auto"):
+        t0 = time.perf_counter()
+        with Active(p, resume="auto", collect=False):  # no benchmark gc.collect() inside the timing
+            t1 = time.perf_counter()
             rt = ravex._runtime.get_runtime()
             if rt is None or rt._restored:
                 raise RuntimeError("nothing to resume from")
-            rt.ensure_restored()
+            rt.ensure_restored()  # what the first forward pass triggers
             if rt.resumed_from is None:
                 raise RuntimeError("resume failed")
+            t2 = time.perf_counter()
+        split["activate"].append(t1 - t0)
+        split["read_restore"].append(t2 - t1)
 
     step = open_store(kept["ravex"]).complete_steps()
     entries: list[tuple[str, str, Any]] = [
@@ -313,10 +327,16 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
         ("resume: torch.load + load_state_dict", kept["torch.save"], torch_resume),
         ("resume: ravex runtime (read + restore)", kept["ravex"], ravex_resume),
     ]
+    from .format_bench import _timed_load
+
+    for _name, path, fn in entries:  # warm: every file read once before any timing
+        _timed_load(fn, path)
+        _free()
     tm = {n: Timed() for n, _, _ in entries}
+    split["activate"].clear()
+    split["read_restore"].clear()
     for rep in range(cfg.reps):
         for _i, (name, path, fn) in _rotated(entries, rep):
-            from .format_bench import _timed_load
 
             dt = _timed_load(fn, path)
             tm[name].times.append(dt)
@@ -326,8 +346,10 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
     base_resume = tm["resume: torch.load + load_state_dict"].median
     out: dict[str, Any] = {"bytes": nbytes, "steps_in_store": len(step), "page_cache": "warm"}
     out["loads"] = {n: tm[n].to_json(nbytes) | {"over_torch_load": _r(t.median / base, 3)} for n, t in tm.items()}
+    out["ravex_resume_split_s"] = {k: _r(_med(v)) for k, v in split.items()}
     out["ratios"] = {
         "ravex_load_over_torch_load": _r(tm["ravex.load"].median / base, 3),
+        "ravex_resume_read_restore_over_torch_resume": _r(_med(split["read_restore"]) / base_resume, 3),
         "ravex_resume_over_torch_resume": _r(tm["resume: ravex runtime (read + restore)"].median / base_resume, 3),
         "torch_load_fraction_of_read_bandwidth": _r(tm["disk: read one file"].median / base, 3),
     }
@@ -480,6 +502,8 @@ def bd_frozen(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
             order = [("copy", None), ("ravex", None), ("torch", None)]
             k = i % 3
             for what, _ in order[k:] + order[:k]:
+                if cfg.settle:
+                    os.sync()
                 if what == "copy":
                     copy_changed.append(_t(lambda: L.copy_reused(changed_arrays, dst)))
                 elif what == "ravex":
@@ -667,6 +691,8 @@ def g_bf16(cfg: Config) -> dict[str, Any]:
     for rep in range(cfg.reps):
         for i, (name, fn) in _rotated(entries, rep):
             path = os.path.join(root, f"{i}-r{rep}")
+            if cfg.settle:
+                os.sync()
             dt = _t(lambda fn=fn, path=path: fn(path))
             tm[name].times.append(dt)
             if rep == 0:
