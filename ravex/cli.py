@@ -98,14 +98,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _latest_step(config: Any) -> str:
     try:
         if config.backend == "torch_save":
-
-            path = config.storage.local_path
-            if path is None or not os.path.isdir(path):
-                return "none (no store yet)"
             import glob
 
-            files = sorted(glob.glob(os.path.join(path, "step_*.pt")))
-            return files[-1].rsplit("_", 1)[1][:-3].lstrip("0") or "0" if files else "none"
+            path = config.storage.local_path
+            files = sorted(glob.glob(os.path.join(path, "step_*.pt"))) if path else []
+            return str(int(files[-1].rsplit("_", 1)[1][:-3])) if files else "none"
         from ravex.format import StoreNotFoundError, open_store
 
         try:
