@@ -7,6 +7,9 @@
 # Uses .venv/bin/python (or $PYTHON). Works in a temporary directory; nothing else is touched.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+    bash "$ROOT/scripts/bootstrap.sh"   # a fresh machine: .venv with torch==2.13.0 and ravex
+fi
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 KILL_AT="${1:-37}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ravex-demo.XXXXXX")"
