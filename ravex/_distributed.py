@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import uuid
 from typing import Any
 
@@ -155,11 +156,10 @@ def _discard_partial(backend: Any) -> None:
 
 
 def _is_dtensor(value: Any) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(value, DTensor)
+    """Without importing DTensor (~1 s): if the user never loaded it, nothing is one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(module, "DTensor", None) if module is not None else None
+    return cls is not None and isinstance(value, cls)
 
 
 def _map(tree: Any, fn: Any) -> Any:
@@ -183,6 +183,8 @@ def _any(tree: Any, pred: Any) -> bool:
 def prepare_save(tree: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """Training thread, before staging: per-rank state under ``rank-<r>``, DTensors as
     shard records (their local tensor is what gets staged). Unchanged in one process."""
+    if world == 1 and "torch.distributed.tensor" not in sys.modules:
+        return tree  # one process, no DTensor anywhere: the tree as it always was
     sections = {k: tree[k] for k in REPLICATED if k in tree}
     if world == 1 and not _any(sections, _is_dtensor):
         return tree
