@@ -79,6 +79,9 @@ def _at_exit(callback: Any) -> None:
         atexit.register(callback)
 
 
+_UNSEEN: Any = object()
+
+
 class _Empty:
     """The iterator of an epoch that already finished before the resume."""
 
@@ -174,19 +177,28 @@ class RavexRuntime:
         from torch.optim.lr_scheduler import LRScheduler
         from torch.utils.data import DataLoader
 
-        kinds = ((torch.nn.Module, "modules"), (torch.optim.Optimizer, "optimizers"),
-                 (LRScheduler, "schedulers"), (torch.amp.GradScaler, "scalers"))
+        kinds = ((DataLoader, "loaders"), (torch.nn.Module, "modules"),
+                 (torch.optim.Optimizer, "optimizers"), (LRScheduler, "schedulers"),
+                 (torch.amp.GradScaler, "scalers"))
         gc.collect()  # cyclic garbage (a dropped optimizer + scheduler) is not "existing"
+        # One isinstance() pass per type, not per object: the heap is mostly a few types.
+        # An object whose __class__ is not its type (a proxy) is classified on its own.
+        by_type: dict[type, str | None] = {}
         with warnings.catch_warnings():  # isinstance() on lazy torch modules warns
             warnings.simplefilter("ignore")
             for obj in gc.get_objects():
-                if isinstance(obj, DataLoader):
-                    self.registry.loader_state(obj)
+                tp = type(obj)
+                kind = by_type.get(tp, _UNSEEN)
+                if kind is _UNSEEN:
+                    kind = next((k for cls, k in kinds if isinstance(obj, cls)), None)
+                    if obj.__class__ is tp:
+                        by_type[tp] = kind
+                if kind is None:
                     continue
-                for cls, kind in kinds:
-                    if isinstance(obj, cls):
-                        self.registry.add(kind, obj)
-                        break
+                if kind == "loaders":
+                    self.registry.loader_state(obj)
+                else:
+                    self.registry.add(kind, obj)
 
     def _open_backend(self) -> bool:
         from ravex.backends import get_backend
