@@ -262,17 +262,10 @@ def plan_write(tree: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
 
 def chunk_rows_of(shape: tuple[int, ...], itemsize: int, chunk_bytes: int | None = None) -> int:
-    """Rows per chunk of a replicated array (the writer's own rule: equal chunks near the target)."""
-    from ravex.format.writer import DEFAULT_CHUNK_BYTES
+    """Rows per chunk of a replicated array: the writer's own rule, so assignments fall on its chunks."""
+    from ravex.format.writer import DEFAULT_CHUNK_BYTES, rows_per_chunk
 
-    chunk_bytes = chunk_bytes or DEFAULT_CHUNK_BYTES
-    if not shape or shape[0] == 0:
-        return 1
-    row_bytes = math.prod(shape[1:]) * itemsize
-    if row_bytes == 0:
-        return shape[0]
-    n_chunks = max(1, math.ceil(shape[0] * row_bytes / chunk_bytes))
-    return math.ceil(shape[0] / n_chunks)
+    return rows_per_chunk(shape, itemsize, chunk_bytes or DEFAULT_CHUNK_BYTES)
 
 
 def assign(

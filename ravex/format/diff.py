@@ -125,11 +125,12 @@ def _flat_values(r: StepReader) -> dict[str, Any]:
     """Non-tensor leaves of every rank's tree, named by their path."""
     out: dict[str, Any] = {}
     for rank in range(r.world_size):
-        _walk_values(r.tree(rank), f"rank-{rank}/" if r.world_size > 1 else "", out)
+        walk_values(r.tree(rank), f"rank-{rank}/" if r.world_size > 1 else "", out)
     return out
 
 
-def _walk_values(node: Any, path: str, out: dict[str, Any]) -> None:
+def walk_values(node: Any, path: str, out: dict[str, Any]) -> None:
+    """Collect the non-tensor leaves of a state tree into ``out`` by ``/``-joined key path."""
     if isinstance(node, ArrayRef):
         return
     if isinstance(node, dict):
@@ -141,7 +142,7 @@ def _walk_values(node: Any, path: str, out: dict[str, Any]) -> None:
         return
     sep = "" if not path or path.endswith("/") else "/"
     for k, v in items:
-        _walk_values(v, f"{path}{sep}{k}", out)
+        walk_values(v, f"{path}{sep}{k}", out)
 
 
 def _same(x: Any, y: Any) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .diff import StepDiff, TensorDiff, diff
+from .diff import StepDiff, TensorDiff, diff, walk_values
 from .dtypes import data_type
 from .errors import ManifestError, RavexError
 from .hashing import digest
@@ -328,21 +328,7 @@ def _finish(m: _Moments, counts: np.ndarray, edges: np.ndarray) -> TensorStats:
 def step_values(reader: StepReader, rank: int = 0) -> dict[str, Any]:
     """Non-tensor leaves of one rank's state tree (lr, step, epoch ...), by their ``/`` path."""
     out: dict[str, Any] = {}
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, ArrayRef):
-            return
-        if isinstance(node, dict):
-            items: Iterable = node.items()
-        elif isinstance(node, (list, tuple)):
-            items = enumerate(node)
-        else:
-            out[path] = node
-            return
-        for k, v in items:
-            walk(v, f"{path}/{k}" if path else str(k))
-
-    walk(reader.tree(rank), "")
+    walk_values(reader.tree(rank), "", out)
     return out
 
 

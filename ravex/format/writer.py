@@ -371,7 +371,7 @@ class StepWriter:
         dtype = from_numpy(value.dtype)
         arr = np.require(value, dtype=dtype.numpy, requirements="C")  # keeps 0-d arrays 0-d
         shape = tuple(arr.shape)
-        return self._chunked(path, dtype, arr, shape, _rows_per_chunk(shape, dtype.itemsize, self.chunk_bytes), 0)
+        return self._chunked(path, dtype, arr, shape, rows_per_chunk(shape, dtype.itemsize, self.chunk_bytes), 0)
 
     def _plan_shard(self, path: str, shard: ArrayShard) -> _PlannedArray:
         dtype = from_numpy(shard.local.dtype)
@@ -413,9 +413,10 @@ class StepWriter:
         return _PlannedArray(path, dtype, shape, chunk_shape, codecs, chunks, chunk_len, arr.nbytes)
 
 
-def _rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> int:
+def rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
     """Rows per chunk along dimension 0: chunks near ``chunk_bytes`` and of equal size,
-    so that the padded edge chunk wastes less than one row per chunk."""
+    so that the padded edge chunk wastes less than one row per chunk. The runtime uses the
+    same rule to split replicated arrays across ranks on chunk boundaries."""
     if not shape or shape[0] == 0:
         return 1
     row_bytes = math.prod(shape[1:]) * itemsize
