@@ -62,7 +62,7 @@ fi
 say "5. The store"
 "$PY" -m ravex status | sed -n '1,3p;$p'
 if "$PY" -m ravex --help 2>/dev/null | grep -qw ls; then
-    "$PY" -m ravex ls ./checkpoints
+    COLUMNS="${COLUMNS:-120}" "$PY" -m ravex ls ./checkpoints
 else
     find checkpoints -maxdepth 3 -name '*.json' | sort
 fi
