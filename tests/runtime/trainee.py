@@ -38,11 +38,17 @@ EPOCHS = int(os.environ.get("T_EPOCHS", "3"))
 BLOCK_AT = os.environ.get("T_BLOCK_AT", "")
 
 
+def say(line: str) -> None:
+    """One write per line: the writer thread prints too, and a single small write is atomic
+    where two ``print`` calls interleave ("LOSS ...IN-WRITE ..." hid a kill marker once)."""
+    os.write(1, (line + "\n").encode())
+
+
 def block(reason: str) -> None:
     rv = sys.modules.get("ravex")
     if rv is not None:
         rv.flush()
-    print(f"BLOCKED {reason}", flush=True)
+    say(f"BLOCKED {reason}")
     sys.stdin.read()  # the test SIGKILLs us here
 
 
@@ -63,13 +69,13 @@ def install_write_block(n: int) -> None:
             return original_put(self, key, data)
         armed = len(done) == n - 1
         if armed and step is not None:
-            print(f"IN-WRITE before manifest {key}", flush=True)
+            say(f"IN-WRITE before manifest {key}")
             never.wait()
         original_put(self, key, data)
         if step is not None and key.endswith("/rank-0.json"):
             done.add(step)
         elif armed:
-            print(f"IN-WRITE after {key}", flush=True)
+            say(f"IN-WRITE after {key}")
             never.wait()
 
     LocalStorage.write = put
@@ -116,17 +122,17 @@ def main() -> None:
             opt.step()
             sched.step()
             step += 1
-            print(f"LOSS {loss.item().hex()}", flush=True)
+            say(f"LOSS {loss.item().hex()}")
             if BLOCK_AT == f"step:{step}":
                 block(BLOCK_AT)
-        print(f"EPOCH {epoch} DONE", flush=True)
+        say(f"EPOCH {epoch} DONE")
         if BLOCK_AT == f"epoch:{epoch}":
             block(BLOCK_AT)
     out = os.environ.get("T_OUT")
     if out:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                     "sched": sched.state_dict()}, out)
-    print("FINISHED", flush=True)
+    say("FINISHED")
 
 
 if __name__ == "__main__":
