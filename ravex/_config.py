@@ -84,6 +84,11 @@ class RavexConfig:
     keep_every: int | None = None
     compression: str = "none"
     delta: bool = True
+    #: don't copy a tensor whose version counter, storage and layout did not move since the
+    #: last checkpoint (frozen parameters); see ravex._saver.Stager for what that misses
+    skip_unchanged: bool = True
+    #: every N-th checkpoint copies every tensor anyway (1: every one, i.e. no skipping)
+    full_stage_every: int = 10
     backend: str = "zarr"
     checkpoint_on_exit: bool = True
     checkpoint_on_signal: list[str] = field(default_factory=lambda: ["SIGTERM"])
@@ -277,6 +282,12 @@ def _positive_float_or_none(value: Any) -> float | None:
     return float(value)
 
 
+def _at_least_one(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected an integer >= 1 (1 copies every tensor at every checkpoint), got {value!r}")
+    return value
+
+
 def _one_of(choices: tuple[str, ...], upper: bool = False):
     def check(value: Any) -> str:
         text = value.upper() if upper and isinstance(value, str) else value
@@ -333,6 +344,8 @@ _VALIDATORS = {
     "keep_every": _positive_int_or_none,
     "compression": _compression,
     "delta": _bool,
+    "skip_unchanged": _bool,
+    "full_stage_every": _at_least_one,
     "backend": _one_of(BACKENDS),
     "checkpoint_on_exit": _bool,
     "checkpoint_on_signal": _signals,

@@ -41,8 +41,8 @@ class CheckpointBackend(ABC):
     #: short name for status() and log lines
     name: str = "?"
 
-    def __init__(self, as_numpy: bool) -> None:
-        self._stager = Stager(as_numpy=as_numpy)
+    def __init__(self, as_numpy: bool, config: Any = None) -> None:
+        self._stager = Stager.for_config(as_numpy, config)  # skip_unchanged, full_stage_every
         self._saver = AsyncSaver(self._write, self._done)
         self.last_error: str | None = None
         self.last_error_step: int | None = None
@@ -77,7 +77,8 @@ class CheckpointBackend(ABC):
 
     def _done(self, job: Job, result: dict[str, Any] | None, error: BaseException | None) -> None:
         wait, stage = job.stall["wait"], job.stall["stage"]
-        stall = f"stall {ms(wait + stage)} ms (wait {ms(wait)}, stage {ms(stage)})"
+        # the stager's figures are this job's: the next stage waits until this returns
+        stall = f"stall {ms(wait + stage)} ms (wait {ms(wait)}, stage {ms(stage)}; {self._stager.summary()})"
         if error is not None:
             self.failures += 1
             self.last_error = f"step {job.step}: {type(error).__name__}: {error}"
@@ -159,7 +160,7 @@ class ZarrBackend(CheckpointBackend):
         self.run_id: str | None = None  # several ranks: agreed by ravex._distributed
         self.writes_agreed = False
         self._refs_pending: list[int] = []
-        super().__init__(as_numpy=True)
+        super().__init__(as_numpy=True, config=config)
 
     def _make_writer(self) -> Any:
         kwargs: dict[str, Any] = {
@@ -280,7 +281,7 @@ class TorchSaveBackend(CheckpointBackend):
         self.url = self.directory
         self.keep_last = config.keep_last
         os.makedirs(self.directory, exist_ok=True)
-        super().__init__(as_numpy=False)
+        super().__init__(as_numpy=False, config=config)
 
     def _path(self, step: int) -> str:
         return os.path.join(self.directory, f"step_{step:012d}.pt")

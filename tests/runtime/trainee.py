@@ -7,6 +7,8 @@ Environment:
                 autoloader) or ``none`` (plain torch, the reference)
 ``T_WORKERS``   DataLoader workers (0 or 2)
 ``T_EPOCHS``    epochs (default 3)
+``T_FROZEN``    ``1``: a fine-tune, ~95% of the parameters frozen (a frozen trunk, AdamW on
+                the head only)
 ``T_OUT``       where to write the final state (torch.save of plain dicts)
 ``T_BLOCK_AT``  ``step:<n>`` or ``epoch:<e>``: after that point, flush ravex, print
                 ``BLOCKED`` and block reading stdin, so the test can SIGKILL a process that
@@ -36,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 WORKERS = int(os.environ.get("T_WORKERS", "0"))
 EPOCHS = int(os.environ.get("T_EPOCHS", "3"))
 BLOCK_AT = os.environ.get("T_BLOCK_AT", "")
+FROZEN = os.environ.get("T_FROZEN") == "1"
 
 
 def say(line: str) -> None:
@@ -106,8 +109,11 @@ def main() -> None:
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    trunk = [nn.Linear(16, 64), nn.ReLU(), *([nn.Linear(64, 64), nn.ReLU()] if FROZEN else [])]
+    model = nn.Sequential(*trunk, nn.Dropout(0.2), nn.Linear(64, 4))
+    if FROZEN:
+        nn.Sequential(*trunk).requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=12 * EPOCHS)
     loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=WORKERS)
     loss_fn = nn.MSELoss()
