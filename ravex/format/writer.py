@@ -19,7 +19,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,6 +52,9 @@ INLINE_MAX_BYTES = 512
 PACK_MAX_CHUNK_BYTES = 256 << 10
 PACK_TARGET_BYTES = 4 << 20
 DEFAULT_THREADS = 4
+#: Chunks smaller than this are hashed (and encoded, written) in runs of about this many
+#: bytes per pool task: a task costs ~100 us of pool overhead, a 2 KiB chunk ~1 us to hash.
+BATCH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -183,9 +186,24 @@ class StepWriter:
 
     # ---- commit ------------------------------------------------------------------------
 
-    def commit(self, step: int, tree: Any, metadata: dict[str, str] | None = None) -> CommitStats:
-        """Write ``tree`` as this rank's part of ``step``; returns when it is durable."""
+    def commit(
+        self,
+        step: int,
+        tree: Any,
+        metadata: dict[str, str] | None = None,
+        chunk_bytes: Mapping[str, int] | None = None,
+    ) -> CommitStats:
+        """Write ``tree`` as this rank's part of ``step``; returns when it is durable.
+
+        ``chunk_bytes`` maps array names (as in the manifest: escaped tree keys joined by
+        ``/``) to a target chunk size for that array, overriding the writer's own. A table
+        of which a few rows change per step wants small chunks, so that a delta stores
+        only those rows' chunks; everything else keeps large ones. Unchanged chunks are
+        reused across commits at the same chunk size; changing an array's chunk size
+        rewrites it once. An :class:`ArrayShard` keeps its own ``chunk_rows``.
+        """
         started = time.perf_counter()
+        sizes = _check_chunk_bytes(chunk_bytes)
         if self.store.step_info(step).complete:
             raise RavexError(f"step {step} is already complete in {self.store.url!r}; steps are immutable")
         if (
@@ -204,7 +222,7 @@ class StepWriter:
                 raise UnsupportedValueError(
                     f"two keys at {name!r} map to the same tensor name (e.g. 0 and '0' in one dict); rename one"
                 )
-            planned[name] = self._plan(name, value)
+            planned[name] = self._plan(name, value, sizes.get(name, self.chunk_bytes))
             return name
 
         tree_doc = encode_value(tree, on_array)
@@ -214,10 +232,9 @@ class StepWriter:
         written: set[str] = set()
         lock = threading.Lock()
 
-        def run_chunk(arr: _PlannedArray, raw: memoryview) -> tuple[ChunkRef | _Small, bool]:
+        def run_chunk(arr: _PlannedArray, pipe: Any, raw: memoryview, t: list[float]) -> tuple[ChunkRef | _Small, bool]:
             """The chunk's entry (or its encoded bytes, to be packed) and whether this
-            commit stored new bytes for it."""
-            pipe = pipeline(arr.codecs)
+            commit stored new bytes for it; ``t`` sums seconds hashing, encoding, writing."""
             if raw.nbytes < arr.chunk_len:  # a Zarr edge chunk is stored at full size; pad it here,
                 padded = bytearray(arr.chunk_len)  # in the worker, so padding costs a chunk per thread
                 padded[: raw.nbytes] = raw
@@ -225,18 +242,17 @@ class StepWriter:
             t0 = time.perf_counter()
             raw_digest = digest(raw)
             t1 = time.perf_counter()
+            t[0] += t1 - t0
             hit = base.get((pipe.codecs_json, raw_digest))
             if hit is not None:
-                timings.add(hash=t1 - t0)
                 return hit, False
             stored = pipe.encode(raw)
             t2 = time.perf_counter()
+            t[1] += t2 - t1
             size = memoryview(stored).nbytes
             if size <= INLINE_MAX_BYTES:
-                timings.add(hash=t1 - t0, encode=t2 - t1)
                 return ChunkRef(raw=raw_digest, size=size, inline=bytes(stored)), True
             if size < PACK_MAX_CHUNK_BYTES:
-                timings.add(hash=t1 - t0, encode=t2 - t1)
                 return _Small(raw_digest, pipe.codecs_json, bytes(stored)), True
             name = raw_digest if pipe.compressor is None else digest(stored)
             t3 = time.perf_counter()
@@ -246,18 +262,33 @@ class StepWriter:
             if fresh:
                 self.store.storage.write(object_key(name), stored)
             t4 = time.perf_counter()
-            timings.add(hash=(t1 - t0) + (t3 - t2), encode=t2 - t1, write=t4 - t3)
+            t[0] += t3 - t2
+            t[2] += t4 - t3
             return ChunkRef(raw=raw_digest, size=size, object=name), fresh
 
+        def run_batch(arr: _PlannedArray, batch: list[tuple[str, memoryview]]) -> list[tuple[ChunkRef | _Small, bool]]:
+            """Several chunks of one array in one task: thousands of small chunks (a sparse
+            table's) would otherwise spend more time in the pool than in hashing."""
+            pipe = pipeline(arr.codecs)
+            t = [0.0, 0.0, 0.0]
+            try:
+                return [run_chunk(arr, pipe, raw, t) for _key, raw in batch]
+            finally:
+                timings.add(hash=t[0], encode=t[1], write=t[2])
+
         jobs = [
-            (arr, key, self._pool.submit(run_chunk, arr, raw))
+            (arr, batch, self._pool.submit(run_batch, arr, batch))
             for arr in planned.values()
-            for key, raw in arr.chunks
+            for batch in _batches(arr)
         ]
         chunk_maps: dict[str, dict[str, ChunkRef]] = {path: {} for path in planned}
         small: list[tuple[str, str, _Small]] = []
         try:
-            results = [(arr, key, fut.result()) for arr, key, fut in jobs]
+            results = [
+                (arr, key, result)
+                for arr, batch, fut in jobs
+                for (key, _raw), result in zip(batch, fut.result(), strict=True)
+            ]
         except BaseException:
             # A failed write (storage down, disk full) fails the commit now: chunks not yet
             # started are dropped, not each retried in turn; running ones are waited for so
@@ -358,7 +389,7 @@ class StepWriter:
 
     # ---- planning ----------------------------------------------------------------------
 
-    def _plan(self, path: str, value: Any) -> _PlannedArray:
+    def _plan(self, path: str, value: Any, chunk_bytes: int) -> _PlannedArray:
         if isinstance(value, ArrayShard):
             return self._plan_shard(path, value)
         if isinstance(value, np.generic):
@@ -371,7 +402,7 @@ class StepWriter:
         dtype = from_numpy(value.dtype)
         arr = np.require(value, dtype=dtype.numpy, requirements="C")  # keeps 0-d arrays 0-d
         shape = tuple(arr.shape)
-        return self._chunked(path, dtype, arr, shape, rows_per_chunk(shape, dtype.itemsize, self.chunk_bytes), 0)
+        return self._chunked(path, dtype, arr, shape, rows_per_chunk(shape, dtype.itemsize, chunk_bytes), 0)
 
     def _plan_shard(self, path: str, shard: ArrayShard) -> _PlannedArray:
         dtype = from_numpy(shard.local.dtype)
@@ -424,6 +455,22 @@ def rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEF
         return shape[0]
     n_chunks = max(1, math.ceil(shape[0] * row_bytes / chunk_bytes))
     return math.ceil(shape[0] / n_chunks)
+
+
+def _batches(arr: _PlannedArray) -> Iterator[list[tuple[str, memoryview]]]:
+    """An array's chunks in runs of about BATCH_BYTES (one chunk per run when larger)."""
+    n = max(1, BATCH_BYTES // max(1, arr.chunk_len))
+    for i in range(0, len(arr.chunks), n):
+        yield arr.chunks[i : i + n]
+
+
+def _check_chunk_bytes(chunk_bytes: Mapping[str, int] | None) -> dict[str, int]:
+    """The per-array chunk sizes of one commit, checked before anything is planned."""
+    sizes = dict(chunk_bytes or {})
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"chunk_bytes[{name!r}] = {size!r}: a chunk size must be a positive int of bytes")
+    return sizes
 
 
 class _Timings:
