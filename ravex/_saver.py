@@ -18,6 +18,7 @@ reaches the training loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -85,7 +86,8 @@ class Stager:
     upgrade that changes one fails there): ``optimizer.step()`` of the for-loop and
     ``foreach`` implementations (params, ``exp_avg``/``exp_avg_sq``/``momentum_buffer``,
     ``step``), ``param.add_``/``param.copy_`` under ``no_grad``,
-    ``module.load_state_dict``, in-place ops on normal tensors under ``inference_mode``.
+    ``module.load_state_dict``, in-place ops on normal tensors under ``inference_mode``,
+    and a ``torch.compile``-d ``optimizer.step()`` (inductor bumps the inputs it mutates).
 
     What does NOT bump it, so a skip could keep stale bytes:
 
@@ -284,6 +286,7 @@ def _identity(src: torch.Tensor) -> tuple | None:
             src.device, version)
 
 
+@functools.lru_cache(maxsize=4096)
 def _positions(n: int, k: int) -> np.ndarray:
     """``k`` flat positions out of ``n``: first, last and evenly spaced between."""
     return np.arange(k, dtype=np.int64) * (n - 1) // (k - 1)
