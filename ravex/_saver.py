@@ -204,22 +204,21 @@ class Stager:
             entry = (buf, numpy_view(buf) if self.as_numpy else buf)
             self._buffers[path] = entry
             self._seen.pop(path, None)
-        key = _identity(src) if skippable and self.skip_unchanged else None
-        if key is not None and not self.full:
+        ident = _identity(src) if skippable and self.skip_unchanged else None
+        if ident is not None and not self.full:
             seen = self._seen.get(path)
-            if seen is not None and seen[1] == key and seen[0]() is src.untyped_storage():
+            if seen is not None and seen[1] == ident[1] and seen[0]() is ident[0]:
                 self._probes.append((path, src, entry, size))
                 self.skipped_bytes += size
                 return entry[1]
         self._copy(src, entry[0], size)
         self._buffer_sample.pop(path, None)
-        if key is None:
-            self._seen.pop(path, None)
-        else:
+        self._seen.pop(path, None)
+        if ident is not None:
             try:
-                self._seen[path] = (weakref.ref(src.untyped_storage()), key)
+                self._seen[path] = (weakref.ref(ident[0]), ident[1])
             except TypeError:  # a storage that takes no weak reference: never skipped
-                self._seen.pop(path, None)
+                pass
         return entry[1]
 
     def _copy(self, src: torch.Tensor, buf: torch.Tensor, size: int) -> None:
@@ -239,10 +238,10 @@ class Stager:
         if not self._probes:
             return
         k = self.PROBE
-        samples: list[bytes | torch.Tensor | None] = [
-            None if src.is_cuda else _sample_bytes(src, k) for _, src, _, _ in self._probes
+        on_gpu = [i for i, (_, src, _, _) in enumerate(self._probes) if _gather_on_device(src)]
+        samples: list[bytes | None] = [
+            None if i in on_gpu else _sample_bytes(src, k) for i, (_, src, _, _) in enumerate(self._probes)
         ]
-        on_gpu = [i for i, (_, src, _, _) in enumerate(self._probes) if src.is_cuda]
         if on_gpu:  # one transfer, one sync for all of them
             parts = [_sample(self._probes[i][1], k).view(torch.uint8) for i in on_gpu]
             flat = torch.cat(parts).cpu().numpy()
@@ -274,16 +273,21 @@ class Stager:
         self._buffer_sample.clear()
 
 
-def _identity(src: torch.Tensor) -> tuple | None:
-    """What must not move for the staged bytes to still be ``src``'s; None if untrackable."""
+def _identity(src: torch.Tensor) -> tuple[Any, tuple] | None:
+    """``src``'s storage and what must not move for the staged bytes to still be its
+    bytes; None if untrackable (no counter, no storage: a wrapper subclass)."""
     if src.is_inference():  # no version counter (its detach() reads 0 whatever is written)
         return None
     try:
-        version = src._version
-    except RuntimeError:
+        return src.untyped_storage(), (src.data_ptr(), src.storage_offset(), tuple(src.shape), src.stride(),
+                                       src.dtype, src.device, src._version)
+    except (RuntimeError, NotImplementedError, TypeError):
         return None
-    return (src.data_ptr(), src.storage_offset(), tuple(src.shape), src.stride(), src.dtype,
-            src.device, version)
+
+
+def _gather_on_device(src: torch.Tensor) -> bool:
+    """Whether the probe gathers ``src``'s sample where it lives (batched to one transfer)."""
+    return src.device.type != "cpu"
 
 
 @functools.lru_cache(maxsize=4096)

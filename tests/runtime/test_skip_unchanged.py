@@ -102,6 +102,25 @@ def test_a_dense_write_the_counter_misses_is_caught_by_the_probe(caplog):
     assert stager.skipped_bytes == stager.nbytes - _nbytes([model[1].weight])  # no step: the rest sat still
 
 
+def test_the_batched_device_probe_on_mixed_dtypes(monkeypatch, caplog):
+    """The GPU path of the probe (samples gathered where they live, one transfer), run on
+    CPU tensors: only the tensors written behind the counter's back are copied again."""
+    import ravex._saver as saver
+
+    monkeypatch.setattr(saver, "_gather_on_device", lambda t: True)
+    tree = {"bf": torch.randn(300, 7).to(torch.bfloat16), "i": torch.arange(1000), "b": torch.ones(5, dtype=torch.bool),
+            "s": torch.tensor(3.0), "t": torch.randn(40, 50).T, "h": torch.randn(100, dtype=torch.float16)}
+    stager = Stager(as_numpy=True)
+    stager.stage(tree)
+    tree["i"].data.add_(1)
+    tree["t"].data.mul_(2)  # a non-contiguous view: sampled by multi-index
+    with caplog.at_level(logging.WARNING, logger="ravex"):
+        staged = stager.stage(tree)
+    assert stager.copied_tensors == 2 and "'i' changed" in caplog.text and "'t' changed" in caplog.text
+    for k, v in tree.items():
+        assert np.asarray(staged[k]).tobytes() == v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), k
+
+
 def test_a_fused_optimizer_turns_skipping_off(caplog):
     """Fused kernels write params and moments without bumping their counters."""
     model, opt = _fine_tune(fused=True)
