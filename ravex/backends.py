@@ -76,9 +76,12 @@ class CheckpointBackend(ABC):
         """The write half of the log line."""
 
     def _done(self, job: Job, result: dict[str, Any] | None, error: BaseException | None) -> None:
+        """Writer thread: log the outcome and report it to the runtime's storage breaker
+        (``self.breaker``, set by the runtime; see :mod:`ravex._breaker`)."""
         wait, stage = job.stall["wait"], job.stall["stage"]
         # the stager's figures are this job's: the next stage waits until this returns
         stall = f"stall {ms(wait + stage)} ms (wait {ms(wait)}, stage {ms(stage)}; {self._stager.summary()})"
+        breaker = getattr(self, "breaker", None)
         if error is not None:
             self.failures += 1
             self.last_error = f"step {job.step}: {type(error).__name__}: {error}"
@@ -88,6 +91,8 @@ class CheckpointBackend(ABC):
                 "interval retries: %s: %s",
                 job.step, self.url, type(error).__name__, error,
             )
+            if breaker is not None:
+                breaker.failed(job.step)
             return
         self.written += 1
         self.last_written_step = job.step
@@ -98,6 +103,8 @@ class CheckpointBackend(ABC):
             f"in background {ms(total)} ms -> {self.url}"
         )
         logger.info("%s", self.last_line)
+        if breaker is not None:
+            breaker.succeeded(job.step)
 
     def flush(self) -> None:
         """Block until every pending checkpoint write has completed (or failed)."""
@@ -184,8 +191,12 @@ class ZarrBackend(CheckpointBackend):
             from ravex import _distributed
 
             tree = _distributed.plan_write(tree, self.rank, self.world_size)
+        from ravex import _chunking  # small chunks for sparsely updated tables
+
+        self._chunk_bytes = _chunking.writer_chunk_bytes(tree, getattr(self, "_chunk_bytes", None))
+        extra = {"chunk_bytes": self._chunk_bytes} if self._chunk_bytes else {}
         try:
-            stats = self._writer.commit(job.step, tree, metadata=job.metadata)
+            stats = self._writer.commit(job.step, tree, metadata=job.metadata, **extra)
         except BaseException:
             self._drop_writer()  # next interval starts from a fresh writer
             raise
@@ -238,11 +249,14 @@ class ZarrBackend(CheckpointBackend):
                 logger.warning("ravex: refs.json of step %d not written: %s", pending, exc)
                 self._refs_pending.remove(pending)
 
-    def load_step(self, step: int) -> dict[str, Any] | None:
+    def load_step(self, step: int, lazy: bool = False) -> dict[str, Any] | None:
+        """The step's tree; with ``lazy`` (one rank) its tensors are left as ``ArrayRef``
+        leaves, for the runtime to read straight into the live tensors (``_state.restore``)."""
         if self.world_size == 1 and self.store.step_info(step).world_size == 1:
             reader = self.store.open_step(step)
-            if "distributed" not in reader.tree(0):
-                return reader.read(rank=0)
+            tree = reader.tree(0)
+            if "distributed" not in tree:
+                return tree if lazy else reader.read(rank=0)
         from ravex import _distributed
 
         return _distributed.load_tree(self.store, step, self.rank, self.world_size)

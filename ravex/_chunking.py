@@ -1,0 +1,105 @@
+"""Chunk size per tensor, from how the tensor is updated.
+
+The format chunks every array along dimension 0 and reuses unchanged chunks (a delta).
+Large chunks (the writer's default, 16 MiB) write fastest, and a dense update changes
+every chunk anyway. A sparse embedding table is the opposite case: each step touches a
+few scattered rows (Check-N-Run: ~1% per interval), so with 16 MiB chunks nearly every
+chunk holds a changed row and the delta is the whole table. Small row chunks turn that
+into a write of the touched rows' chunks only, plus the manifest's entry for every chunk.
+
+Which tensors are updated sparsely is known from the live objects, not from the bytes:
+the weights of an ``nn.Embedding`` / ``nn.EmbeddingBag`` built with ``sparse=True`` (their
+gradient is sparse, so every optimizer step touches only the looked-up rows), and any
+optimizer state of such a parameter that has its shape (SparseAdam's ``exp_avg`` and
+``exp_avg_sq``; Adagrad's ``sum``). Those get :data:`SPARSE_CHUNK_BYTES`; every other
+array keeps the writer's default.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ravex.format.names import escape_key
+
+logger = logging.getLogger("ravex")
+
+#: Chunk size for sparsely updated tables. benchmarks/scenarios.py (c), 1% of rows per
+#: interval (Zipf), 256-byte rows, manifest counted: full/written 7.5x at 2 KiB, 5.4x at
+#: 4 KiB, 3.5x at 8 KiB, 1.2x at 64 KiB (each manifest chunk entry costs ~120 bytes,
+#: which is what stops smaller chunks from doing better).
+SPARSE_CHUNK_BYTES = 2 << 10
+
+
+def sparse_paths(registry: Any) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]:
+    """Tree paths (as ``ravex._state.collect`` lays the tree out) of sparsely updated
+    tensors, each with the shape it must have."""
+    import torch
+
+    sparse_types = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    out: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
+    params: dict[int, tuple[int, ...]] = {}
+    for i, model in enumerate(registry.models()):
+        for prefix, module in model.named_modules():
+            if not (isinstance(module, sparse_types) and getattr(module, "sparse", False)):
+                continue
+            for pname, p in module.named_parameters(recurse=False):
+                key = f"{prefix}.{pname}" if prefix else pname
+                out.append((("models", i, "state", key), tuple(p.shape)))
+                params[id(p)] = tuple(p.shape)
+    if not params:
+        return out
+    for j, opt in enumerate(registry.live("optimizers")):
+        index = 0  # Optimizer.state_dict() numbers parameters in param_groups order
+        for group in opt.param_groups:
+            for p in group["params"]:
+                shape = params.get(id(p))
+                state = opt.state.get(p) if shape is not None else None
+                for name, value in list((state or {}).items()):
+                    if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
+                        out.append((("optimizers", j, "state", "state", index, name), shape))
+                index += 1
+    return out
+
+
+def chunk_bytes_for(registry: Any, tree: Any, chunk_bytes: int = SPARSE_CHUNK_BYTES) -> dict[str, int]:
+    """Per-array chunk sizes for the writer (array name -> bytes) for the staged ``tree``.
+
+    Only paths that lead to an array of the expected shape in ``tree`` are named, so a
+    tree laid out otherwise (several ranks, shards) simply keeps the default chunking.
+    """
+    sizes: dict[str, int] = {}
+    for path, shape in sparse_paths(registry):
+        node = tree
+        for key in path:
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+                node = node[key]
+            else:
+                node = None
+                break
+        if isinstance(node, np.ndarray) and node.ndim >= 1 and tuple(node.shape) == shape:
+            sizes["/".join(escape_key(str(k)) for k in path)] = chunk_bytes
+    return sizes
+
+
+def writer_chunk_bytes(tree: Any, previous: dict[str, int] | None = None) -> dict[str, int] | None:
+    """The per-array chunk sizes for this process's runtime, or None without one.
+
+    Runs on the background writer thread while training goes on: a change of the live
+    objects mid-walk (an optimizer adding state on its first step) keeps ``previous``, the
+    sizes of the last checkpoint, for this one (a changed size would rewrite the array).
+    """
+    from ravex._runtime import get_runtime
+
+    runtime = get_runtime()
+    if runtime is None:
+        return previous
+    try:
+        return chunk_bytes_for(runtime.registry, tree) or None
+    except Exception as exc:  # "dictionary changed size during iteration" and the like
+        logger.debug("ravex: sparse chunk policy kept the last checkpoint's sizes: %s", exc)
+        return previous
