@@ -5,7 +5,8 @@ single-process path is unchanged. Under ``torchrun`` the rank and world size com
 ``torch.distributed`` once it is initialised, and from torchrun's ``RANK``/``WORLD_SIZE``
 before that (``ravex.activate()`` usually runs before ``init_process_group``). Collectives
 run only on the training thread, at points every rank reaches in the same order: the first
-restore trigger (or first checkpoint) and nowhere else.
+restore trigger (or first checkpoint), and right after an optimizer step every so often when a
+time-based checkpoint or a signal may be pending (:class:`Poll`).
 
 Tree layout with several ranks (each rank's manifest holds its own tree)::
 
@@ -19,8 +20,9 @@ Tree layout with several ranks (each rank's manifest holds its own tree)::
         0-d tensors (Adam's ``step``) are a few bytes inline in every manifest.
     rank-<r> {"rng", "loaders"}   per-rank state, under a path no other rank writes
 
-Resume: every rank lists its complete steps; one ``all_gather_object`` gives each rank the
-others' lists (and rank 0's fresh run id); the newest step in all of them is tried first.
+Resume: every rank lists its complete steps; rank 0 broadcasts its fresh run id and its
+newest complete steps, a MIN all-reduce of "I hold it" marks keeps those every rank holds
+(two fixed-size collectives), and the newest of them is tried first.
 Each rank then reads the replicated tensors, its own rows of sharded ones (only the
 overlapping chunks) and its own ``rank-<r>`` subtree; a MIN all-reduce of "read ok" keeps
 the ranks in step when one of them has to fall back to an older step.
@@ -32,6 +34,7 @@ import logging
 import math
 import os
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -80,52 +83,132 @@ def get_world_size() -> int:
 # ── collectives (training thread only) ───────────────────────────────────
 
 
-def _gather(obj: Any, world: int) -> list[Any]:
+def can_agree() -> bool:
+    """True when the ranks can run a collective: several of them and an initialised group."""
     dist = _dist()
-    if dist is None:
-        if world > 1:
-            logger.warning("ravex: WORLD_SIZE=%d but torch.distributed is not initialised; ranks "
-                           "cannot agree on a run id or a resume step (call init_process_group "
-                           "before training)", world)
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return dist is not None and dist.get_world_size() > 1
+
+
+def _device(dist: Any) -> str:
+    if dist.get_backend() == "nccl":  # pragma: no cover - no GPU in CI
+        import torch
+
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+def _reduce(values: list[int], op: str) -> list[int]:
+    """One all-reduce (``"min"`` or ``"max"``) of a few int64s; the values unchanged alone."""
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return list(values)
+    import torch
+
+    t = torch.tensor(values, dtype=torch.int64, device=_device(dist))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
 
 
 def all_ok(ok: bool) -> bool:
     """True when ``ok`` holds on every rank (one MIN all-reduce; no collective alone)."""
-    dist = _dist()
-    if dist is None or dist.get_world_size() == 1:
-        return ok
-    import torch
+    return bool(_reduce([1 if ok else 0], "min")[0])
 
-    device = "cpu"
-    if dist.get_backend() == "nccl":  # pragma: no cover - no GPU in CI
-        device = f"cuda:{torch.cuda.current_device()}"
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+
+POLL_SECONDS = 1.0  # how often (rank 0's clock) the ranks compare notes when something may be pending
+
+
+class Poll:
+    """Decisions that must be the same on every rank, taken at the same step by all of them.
+
+    A time-based checkpoint (rank 0's clock decides) and a caught signal (any rank may have
+    it: ``kill`` reaches one process, torchrun's forwarding reaches all) are exchanged in one
+    MAX all-reduce of three int64s ``[time due on rank 0, signal number, next interval]`` right
+    after an optimizer step, a point every rank reaches in the same order. Not every step: rank
+    0 measures its step time and sets the next interval so that polls are about
+    ``POLL_SECONDS`` apart (and four per ``checkpoint_every_seconds``); the interval at most
+    doubles per poll, so a job starts polling every step and settles within a few polls.
+    Every rank applies the interval it got back, so the schedule is identical on all ranks.
+    """
+
+    def __init__(self, every_seconds: float | None) -> None:
+        self.target = min(POLL_SECONDS, every_seconds / 4) if every_seconds else POLL_SECONDS
+        self.pending = 0  # a signal caught on this rank, not yet exchanged
+        self.next_step: int | None = None  # None: poll at the first step seen
+        self.interval = 1
+        self.polls = 0
+        self._mark: tuple[float, int] | None = None
+
+    def due(self, step: int) -> bool:
+        return self.next_step is None or step >= self.next_step
+
+    def exchange(self, step: int, rank: int, time_due: bool) -> tuple[bool, int]:
+        """The agreed ``(checkpoint now, signal to exit with or 0)``; a collective on every rank."""
+        proposal = 0
+        if rank == 0:
+            now = time.monotonic()
+            proposal = 1
+            if self._mark is not None and step > self._mark[1]:
+                per_step = (now - self._mark[0]) / (step - self._mark[1])
+                proposal = max(1, min(2 * self.interval, int(self.target / max(per_step, 1e-9))))
+            self._mark = (now, step)
+        out = _reduce([int(time_due) if rank == 0 else 0, self.pending, proposal], "max")
+        self.polls += 1
+        self.interval = max(1, out[2])
+        self.next_step = step + self.interval
+        return bool(out[0]), out[1]
+
+
+def _run_id_ints(run: str) -> list[int]:
+    """A 128-bit hex run id as two signed int64s (what a tensor holds)."""
+    value = int(run, 16)
+    halves = [value >> 64, value & ((1 << 64) - 1)]
+    return [h - (1 << 64) if h >= 1 << 63 else h for h in halves]
+
+
+def _run_id_str(hi: int, lo: int) -> str:
+    return f"{((hi & ((1 << 64) - 1)) << 64) | (lo & ((1 << 64) - 1)):032x}"
 
 
 def agree_on_steps(candidates: list[int], backend: Any, rank: int, world: int) -> list[int]:
     """The resume candidates every rank holds, newest first; also fixes the run id.
 
-    Before the collective, rank 0 drops the manifests of incomplete steps newer than its
+    Two small collectives, whatever the world size: rank 0 broadcasts its run id and its
+    newest ``_MAX_CANDIDATES`` complete steps (a fixed-size int64 tensor); every rank marks
+    which of them it holds too, and a MIN all-reduce of those marks leaves the steps every
+    rank holds. Before that, rank 0 drops the manifests of incomplete steps newer than its
     newest complete one (a crashed run's partial steps): no rank can write before the
     collective, so none of this run's manifests is ever dropped.
     """
     if rank == 0:
         _discard_partial(backend)
-    mine = {"steps": sorted(candidates, reverse=True)[:_MAX_CANDIDATES],
-            "run": uuid.uuid4().hex if rank == 0 else None}
-    everyone = _gather(mine, world)
-    backend.run_id = everyone[0]["run"]
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        if world > 1:
+            logger.warning("ravex: WORLD_SIZE=%d but torch.distributed is not initialised; ranks "
+                           "cannot agree on a run id or a resume step (call init_process_group "
+                           "before training)", world)
+        backend.run_id = uuid.uuid4().hex if rank == 0 else None
+        backend.writes_agreed = True
+        return sorted(candidates, reverse=True)
+    import torch
+
+    device = _device(dist)
+    mine = sorted(candidates, reverse=True)[:_MAX_CANDIDATES]
+    head = torch.full((3 + _MAX_CANDIDATES,), -1, dtype=torch.int64)  # run id (2), count, steps
+    if rank == 0:
+        head[:2] = torch.tensor(_run_id_ints(uuid.uuid4().hex), dtype=torch.int64)
+        head[2] = len(mine)
+        head[3:3 + len(mine)] = torch.tensor(mine, dtype=torch.int64)
+    head = head.to(device)
+    dist.broadcast(head, src=0)
+    values = head.tolist()
+    backend.run_id = _run_id_str(values[0], values[1])
     backend.writes_agreed = True
-    common = set(everyone[0]["steps"])
-    for other in everyone[1:]:
-        common &= set(other["steps"])
-    agreed = sorted(common, reverse=True)
+    offered = values[3:3 + values[2]]
+    held = set(candidates)
+    marks = torch.tensor([1 if s in held else 0 for s in offered] or [1], dtype=torch.int8, device=device)
+    dist.all_reduce(marks, op=dist.ReduceOp.MIN)
+    agreed = [s for s, ok in zip(offered, marks.tolist(), strict=False) if ok]
     if candidates and (not agreed or agreed[0] != max(candidates)):
         logger.warning("ravex: rank %d sees step %s but not every rank does; resuming from %s",
                        rank, max(candidates), agreed[0] if agreed else "nothing (fresh start)")

@@ -405,16 +405,41 @@ class RavexRuntime:
             self._boundary(st)
 
     def _check_time(self) -> None:
+        """Time-based checkpoint due? With several ranks also: a signal caught by any rank?
+
+        Under torchrun both are decided collectively (:class:`_distributed.Poll`): at a step
+        every rank reaches, rank 0's clock and any rank's caught signal are exchanged in one
+        tiny all-reduce, so every rank checkpoints (or exits after) the same step. The first
+        call at a new step comes from the optimizer step hook; later calls at that step
+        (DataLoader boundaries) find the poll done and change nothing.
+        """
         seconds = self.config.checkpoint_every_seconds
-        if seconds and self.step != self.last_checkpoint_step and \
-                time.monotonic() - self._last_time >= seconds:
+        time_due = bool(seconds and self.step != self.last_checkpoint_step
+                        and time.monotonic() - self._last_time >= seconds)
+        poll = getattr(self, "_poll", None)
+        if poll is None or not (seconds or self._signals) or not _distributed.can_agree():
+            if time_due:
+                self._due = True
+            return
+        if self._steps_here == 0 or not poll.due(self.step):
+            return
+        due, signum = poll.exchange(self.step, self.rank, time_due)
+        if due:
             self._due = True
+        if signum and self._exit_signal is None:
+            self._exit_signal = signum
+            logger.warning("ravex: %s caught by a rank; every rank checkpoints step %d at the next "
+                           "step boundary, then exits", signal.Signals(signum).name, self.step)
 
     def _boundary(self, st: LoaderState | None) -> None:
         if self._exit_signal is not None:
             self._checkpoint_now(st, reason=signal.Signals(self._exit_signal).name)
             if self.backend is not None:
                 self.backend.flush()
+            # Every rank is here at the same step (the signal was agreed on): wait until all
+            # have flushed, or the first rank to exit makes torchrun SIGTERM the others
+            # before their manifests are written, leaving the step incomplete.
+            _distributed.all_ok(True)
             code = 128 + self._exit_signal
             logger.warning("ravex: checkpoint of step %d flushed; exiting with status %d",
                            self.step, code)
@@ -483,6 +508,8 @@ class RavexRuntime:
     # ── signals and exit ────────────────────────────────────────────────
 
     def _install_signals(self) -> None:
+        if self.world_size > 1:  # decisions all ranks must share go through one poll
+            self._poll = _distributed.Poll(self.config.checkpoint_every_seconds)
         if threading.current_thread() is not threading.main_thread():
             return
         for name in self.config.checkpoint_on_signal:
@@ -506,16 +533,27 @@ class RavexRuntime:
 
         The handler runs between two bytecodes, possibly halfway through
         ``optimizer.step()``, so it only sets a flag. Outside a training loop, or on a
-        second signal, the signal gets its previous behaviour at once.
+        second signal, the signal gets its previous behaviour at once. With several ranks
+        the flag waits for the next poll (:meth:`_check_time`), where every rank learns of
+        it: a signal that reached one rank alone still stops all of them at the same step.
         """
         training = self._steps_here > 0
-        if os.getpid() != self.pid or self._exit_signal is not None or not training:
+        poll = getattr(self, "_poll", None)
+        shared = poll is not None and _distributed.can_agree()
+        if (os.getpid() != self.pid or self._exit_signal is not None or not training
+                or (shared and poll.pending)):
             previous = self._signals.get(signum, signal.SIG_DFL)
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
             if callable(previous):
                 previous(signum, frame)
             else:
                 os.kill(os.getpid(), signum)
+            return
+        if shared:
+            poll.pending = signum
+            logger.warning("ravex: %s received at step %d on rank %d; all ranks checkpoint at "
+                           "the step they next agree on, then exit", signal.Signals(signum).name,
+                           self.step, self.rank)
             return
         self._exit_signal = signum
         logger.warning("ravex: %s received at step %d; checkpointing at the next step "

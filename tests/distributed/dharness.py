@@ -95,7 +95,9 @@ def kill_job(pid: int) -> None:
 
 
 def run(nproc: int, cwd: Path, environ: dict[str, str],
-        kill_when: Callable[[list[str]], bool] | None = None, script: Path = TRAINEE) -> Result:
+        kill_when: Callable[[list[str]], bool] | None = None, script: Path = TRAINEE,
+        on_line: Callable[[list[str], int], None] | None = None) -> Result:
+    """``on_line(lines, launcher_pid)`` runs after each line (e.g. to send a signal)."""
     argv = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
     err_path = cwd / f"stderr-{os.getpid()}-{threading.get_ident()}.txt"
     killed = False
@@ -109,6 +111,8 @@ def run(nproc: int, cwd: Path, environ: dict[str, str],
             assert proc.stdout is not None
             for raw in proc.stdout:
                 lines.append(raw.rstrip("\n"))
+                if on_line is not None:
+                    on_line(lines, proc.pid)
                 if kill_when is not None and kill_when(lines):
                     kill_job(proc.pid)
                     killed = True

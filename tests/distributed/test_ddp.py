@@ -16,15 +16,9 @@ from . import dharness as h
 STEPS = 16  # 2 epochs x 8 batches per rank at 2 ranks
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted 2-rank run without Ravex."""
-    cwd = tmp_path_factory.mktemp("ddp-reference")
-    out = cwd / "final.pt"
-    result = h.run(2, cwd, h.env(T_ENTRY="none", T_OUT=str(out)))
-    assert result.returncode == 0, result.explain()
-    assert len(result.losses(0)) == STEPS and len(result.losses(1)) == STEPS
-    return result, torch.load(out, weights_only=False)
+@pytest.fixture
+def reference(ddp_reference):
+    return ddp_reference
 
 
 def _check_resumed(second: h.Result, ref: h.Result, ref_state: dict, out, expect: int) -> None:

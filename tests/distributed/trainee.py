@@ -13,16 +13,26 @@ rank's RNG back would diverge. Environment:
               ``BLOCKED <rank>`` and waits forever; the test SIGKILLs the job
 ``T_BLOCK_IN_WRITE``  ``<n>``: rank ``T_BLOCK_RANK`` (default 1) stops its writer inside
               its n-th checkpoint after the first object, printing ``IN-WRITE <rank>``
+``T_WAIT_SIGNAL_AT``  ``<step>``: after that step the ranks in ``T_WAIT_SIGNAL_RANKS``
+              (default all) print ``WAITING <rank> <pid>`` and go on only once they caught
+              SIGTERM (the test sends it); the other ranks train on (and block in DDP)
+``T_STEP_SECONDS``  simulated compute per step (for time-based checkpoints)
+``T_SKEW``    ``<seconds>``: rank 1 calls ``ravex.activate()`` that much later than rank 0,
+              so per-rank clocks would disagree on when a time-based checkpoint is due
 
 Prints ``LOSS <rank> <step> <float.hex>`` per step, ``RESTORED <rank> <step>`` after the
 first step of a resumed run, and ``FINISHED <rank>``.
 """
 
 import os
+import signal
 import sys
 import threading
+import time
 
 ENTRY = os.environ.get("T_ENTRY", "none")
+if os.environ.get("T_SKEW") and os.environ.get("RANK") == "1":
+    time.sleep(float(os.environ["T_SKEW"]))  # a late start, not a synchronisation
 if ENTRY == "activate":
     import ravex
 
@@ -39,6 +49,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E4
 MODE = os.environ.get("T_MODE", "ddp")
 EPOCHS = int(os.environ.get("T_EPOCHS", "2"))
 BLOCK_AT = int(os.environ.get("T_BLOCK_AT", "0") or 0)
+WAIT_AT = int(os.environ.get("T_WAIT_SIGNAL_AT", "0") or 0)
+STEP_SECONDS = float(os.environ.get("T_STEP_SECONDS", "0") or 0)
 
 
 def say(line: str) -> None:
@@ -62,6 +74,20 @@ def install_write_block(n: int, rank: int) -> None:
             never.wait()
 
     LocalStorage.write = write
+
+
+def caught_sigterm() -> threading.Event:
+    """Set when SIGTERM arrives; the handler installed before (ravex's) still runs."""
+    caught = threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        caught.set()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, handler)
+    return caught
 
 
 class Noisy(Dataset):
@@ -113,6 +139,8 @@ def main() -> None:
     loader = DataLoader(data, batch_size=4, sampler=sampler)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=len(loader) * EPOCHS)
     loss_fn = nn.MSELoss()
+    waiters = os.environ.get("T_WAIT_SIGNAL_RANKS", ",".join(map(str, range(world))))
+    caught = caught_sigterm() if WAIT_AT and str(rank) in waiters.split(",") else None
     for epoch in range(EPOCHS):
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -127,6 +155,12 @@ def main() -> None:
                 main.said = 1
                 say(f"RESTORED {rank} {ravex.status()['resumed_from']}")
             say(f"LOSS {rank} {step} {loss.item().hex()}")
+            if STEP_SECONDS:
+                time.sleep(STEP_SECONDS)  # simulated compute
+            if caught is not None and step == WAIT_AT:
+                say(f"WAITING {rank} {os.getpid()}")
+                while not caught.wait(1.0):  # the handler sets it; the timeout only re-checks
+                    pass
             if step == BLOCK_AT:
                 ravex.flush()
                 say(f"BLOCKED {rank}")
