@@ -471,12 +471,22 @@ class RavexRuntime:
         return self._checkpoint_now(None, reason="manual", force=force)
 
     def _checkpoint_now(self, st: LoaderState | None, reason: str, force: bool = False) -> bool:
+        """Take a checkpoint unless the storage breaker is cooling down (ravex._breaker).
+
+        The exit and signal checkpoints are the last chance and always try.
+        """
         self._due = False
         self._last_time = time.monotonic()
         if not force and self.step == self.last_checkpoint_step:
             return False
+        from ravex import _breaker
+
+        breaker = _breaker.of(self, self.config.storage.url)
+        if not (reason == "exit" or self._exit_signal is not None or breaker.allow()):
+            return False  # storage down: skipped at no cost, training goes on
         if not self._open_backend():
             self.checkpoint_error = self.backend_error
+            breaker.failed(self.step)
             return False
         try:
             self.ensure_restored()
@@ -489,6 +499,7 @@ class RavexRuntime:
             self._keep_alive()
             metadata = {"reason": reason, "time": time.time(), "pid": self.pid,
                         "ravex": _version()}
+            self.backend.breaker = breaker  # the writer thread reports the outcome to it
             self.last_stall = self.backend.save(self.step, tree, metadata)
         except _state.RestoreError:
             raise
@@ -496,6 +507,7 @@ class RavexRuntime:
             self.checkpoint_error = f"step {self.step}: {type(exc).__name__}: {exc}"
             logger.error("ravex: checkpoint of step %d failed before writing, training "
                          "continues: %s", self.step, self.checkpoint_error)
+            breaker.failed(self.step)
             return False
         self.checkpoint_error = None
         self.last_checkpoint_step = self.step
@@ -571,6 +583,8 @@ class RavexRuntime:
     # ── reporting ───────────────────────────────────────────────────────
 
     def status(self) -> dict[str, Any]:
+        from ravex import _breaker
+
         backend = self.backend
         counts = self.registry.counts()
         return {
@@ -594,6 +608,7 @@ class RavexRuntime:
             "last_error": (self.checkpoint_error or self.backend_error
                            or (backend.last_error if backend is not None else None)),
             "failures": backend.failures if backend is not None else 0,
+            "breaker": _breaker.of(self, self.config.storage.url).status(),
             "config": self.config.describe(),
         }
 
