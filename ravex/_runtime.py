@@ -17,17 +17,13 @@ order and worker seeds are the same, then skips the consumed batches at the samp
 from __future__ import annotations
 
 import atexit
-import gc
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-import warnings
 from typing import Any
-
-import torch
 
 from ravex import _distributed, _patches, _state
 from ravex._config import RavexConfig
@@ -77,9 +73,6 @@ def _at_exit(callback: Any) -> None:
         register(callback)
     except RuntimeError:  # pragma: no cover - already shutting down
         atexit.register(callback)
-
-
-_UNSEEN: Any = object()
 
 
 class _Empty:
@@ -169,36 +162,10 @@ class RavexRuntime:
                 self._patches = None
 
     def _scan_existing(self) -> None:
-        """``activate()`` after the model was built: find what already exists.
+        """``activate()`` after the model was built: find what already exists (``_scan``)."""
+        from ravex import _scan
 
-        ``gc.get_objects()`` lists objects roughly in allocation order, which is the
-        order a rerun of the same script allocates them in, too.
-        """
-        from torch.optim.lr_scheduler import LRScheduler
-        from torch.utils.data import DataLoader
-
-        kinds = ((DataLoader, "loaders"), (torch.nn.Module, "modules"),
-                 (torch.optim.Optimizer, "optimizers"), (LRScheduler, "schedulers"),
-                 (torch.amp.GradScaler, "scalers"))
-        gc.collect()  # cyclic garbage (a dropped optimizer + scheduler) is not "existing"
-        # One isinstance() pass per type, not per object: the heap is mostly a few types.
-        # An object whose __class__ is not its type (a proxy) is classified on its own.
-        by_type: dict[type, str | None] = {}
-        with warnings.catch_warnings():  # isinstance() on lazy torch modules warns
-            warnings.simplefilter("ignore")
-            for obj in gc.get_objects():
-                tp = type(obj)
-                kind = by_type.get(tp, _UNSEEN)
-                if kind is _UNSEEN:
-                    kind = next((k for cls, k in kinds if isinstance(obj, cls)), None)
-                    if obj.__class__ is tp:
-                        by_type[tp] = kind
-                if kind is None:
-                    continue
-                if kind == "loaders":
-                    self.registry.loader_state(obj)
-                else:
-                    self.registry.add(kind, obj)
+        _scan.scan(self.registry)
 
     def _open_backend(self) -> bool:
         from ravex.backends import get_backend
@@ -250,11 +217,16 @@ class RavexRuntime:
         for i, step in enumerate(candidates):
             started = time.perf_counter()
             try:
-                tree = self.backend.load_step(step)
+                if self.world_size == 1 and getattr(self.backend, "name", None) == "zarr":
+                    tree = self.backend.load_step(step, lazy=True)  # tensors read at restore
+                else:
+                    tree = self.backend.load_step(step)
                 if tree is None:
                     raise FileNotFoundError(f"step {step} vanished")
                 if _distributed.is_lazy(tree):  # several ranks or shards: read what is ours
                     tree = _distributed.resolve(self.registry, tree)
+                else:  # model/optimizer tensors go straight into the live ones at restore
+                    tree = _state.read_small(tree)
                 failed: Exception | None = None
             except Exception as exc:
                 failed = exc

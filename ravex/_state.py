@@ -5,6 +5,12 @@ backend stages them). :func:`restore` puts a tree back into the registry's objec
 checking that they are the same objects (creation order, type, parameter shapes); a
 changed architecture is an error, never a silent partial load.
 
+A resume from the format backend hands :func:`restore` a *lazy* tree: model and optimizer
+tensors are :class:`~ravex.format.ArrayRef` leaves, read only after every check passed,
+straight into the live tensors' memory (one parallel read, no second copy, no fresh pages),
+so ``load_state_dict`` then finds each tensor already in place. :func:`read_small` reads
+the rest of such a tree (RNG, loaders, schedulers) when the step is chosen.
+
 Tree layout (lists are indexed by creation order)::
 
     ravex       {"step", "format": 1}
@@ -26,6 +32,7 @@ import torch
 
 from ravex._registry import LoaderState, Registry
 from ravex.errors import RestoreError
+from ravex.format import ArrayRef
 
 TREE_FORMAT = 1
 
@@ -113,16 +120,20 @@ _ML_DTYPES = {
 }
 
 
-def tensors_in(tree: Any) -> Any:
-    """``tree`` with every array leaf turned into a tensor."""
+def tensors_in(tree: Any, read: dict[str, torch.Tensor] | None = None) -> Any:
+    """``tree`` with every array leaf turned into a tensor; an :class:`ArrayRef` leaf becomes
+    the tensor ``read`` holds for its path (or is read now, on its own)."""
     if isinstance(tree, dict):
-        return {k: tensors_in(v) for k, v in tree.items()}
+        return {k: tensors_in(v, read) for k, v in tree.items()}
     if isinstance(tree, list):
-        return [tensors_in(v) for v in tree]
+        return [tensors_in(v, read) for v in tree]
     if isinstance(tree, tuple):
-        return tuple(tensors_in(v) for v in tree)
+        return tuple(tensors_in(v, read) for v in tree)
     if isinstance(tree, np.ndarray):
         return as_tensor(tree)
+    if isinstance(tree, ArrayRef):
+        found = (read or {}).get(tree.path)
+        return found if found is not None else as_tensor(tree.read())
     return tree
 
 
@@ -212,11 +223,21 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
     for i, (obj, saved) in enumerate(zip(scalers, tree["scalers"], strict=True)):
         _check_type(where, f"GradScaler #{i}", obj, saved)
 
-    with torch.no_grad():
-        for model, saved in zip(models, tree["models"], strict=True):
-            model.load_state_dict(tensors_in(saved["state"]), strict=True)
+    plan = _InPlace()
+    for model, saved in zip(models, tree["models"], strict=True):
+        live = model.state_dict(keep_vars=True)
+        for key, value in saved["state"].items():
+            if isinstance(value, ArrayRef):
+                target = live[key]
+                plan.add(value, target, target.device)
     for opt, saved in zip(optimizers, tree["optimizers"], strict=True):
-        opt.load_state_dict(tensors_in(saved["state"]))
+        _plan_optimizer(plan, opt, saved["state"])
+    read = plan.read(where)  # the only step that changes live memory before load_state_dict
+    with torch.no_grad():  # a tensor already in place makes its copy_ a no-op
+        for model, saved in zip(models, tree["models"], strict=True):
+            model.load_state_dict(tensors_in(saved["state"], read), strict=True)
+    for opt, saved in zip(optimizers, tree["optimizers"], strict=True):
+        opt.load_state_dict(tensors_in(saved["state"], read))
         opt.__dict__["_ravex_steps"] = int(saved["steps"])
     for obj, saved in zip(schedulers, tree["schedulers"], strict=True):
         obj.load_state_dict(tensors_in(saved["state"]))
@@ -275,6 +296,29 @@ def _check_model(where: str, index: int, model: torch.nn.Module, saved: dict[str
                 f"{where}: model #{index} ({type(model).__name__}) tensor {key!r} has shape "
                 f"{list(shape)} but {list(stored[key])} in the checkpoint." + _FIX
             )
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        theirs = torch_dtype(saved["state"][key])
+        if theirs is not None and theirs != tensor.dtype:
+            raise RestoreError(
+                f"{where}: model #{index} ({type(model).__name__}) tensor {key!r} is {tensor.dtype} "
+                f"but {theirs} in the checkpoint (a resume would not be exact)." + _FIX
+            )
+
+
+def torch_dtype(value: Any) -> torch.dtype | None:
+    """The torch dtype of a saved leaf: tensor, numpy array or :class:`ArrayRef`."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    dtype = getattr(value, "dtype", None)
+    if not isinstance(dtype, np.dtype):
+        return None
+    view = _ML_DTYPES.get(dtype.name)
+    if view is not None:
+        return view[1]
+    try:
+        return torch.from_numpy(np.empty(0, dtype)).dtype
+    except TypeError:
+        return None
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -285,3 +329,142 @@ def _as_lists(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_as_lists(v) for v in value]
     return value
+
+
+# ── lazy trees: reading into the live tensors ─────────────────────────────
+
+#: Tensor classes whose memory is exactly what ``numpy()`` shows (no DTensor, no wrappers).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _deferred(tree: dict[str, Any]) -> list[ArrayRef]:
+    """The leaves :func:`restore` reads in place: model and optimizer state tensors."""
+    refs = [v for m in tree.get("models", []) for v in (m.get("state") or {}).values()]
+    for opt in tree.get("optimizers", []):
+        for entry in ((opt.get("state") or {}).get("state") or {}).values():
+            if isinstance(entry, dict):
+                refs.extend(entry.values())
+    return [r for r in refs if isinstance(r, ArrayRef)]
+
+
+def read_small(tree: dict[str, Any]) -> dict[str, Any]:
+    """A lazy tree made ready for :func:`restore`: every array read except the model and
+    optimizer tensors, whose objects are checked present instead. A step with a missing or
+    truncated object is thus rejected here, before anything live has changed, and the
+    runtime can fall back to an older one."""
+    deferred = _deferred(tree)
+    keep = {id(r) for r in deferred}
+    small: list[ArrayRef] = []
+
+    def note(value: Any) -> None:
+        if isinstance(value, ArrayRef):
+            if id(value) not in keep:
+                small.append(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                note(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                note(v)
+
+    note(tree)
+    if deferred:
+        deferred[0].reader.check_objects([r.path for r in deferred])
+    if not small:
+        return tree
+    arrays = small[0].reader.read_arrays([r.path for r in small])
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, ArrayRef):
+            return value if id(value) in keep else arrays[value.path]
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(fill(v) for v in value)
+        return value
+
+    return fill(tree)
+
+
+def _plan_optimizer(plan: _InPlace, opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Targets for an optimizer's saved state: its live state tensors where they exist and
+    match (after a step), else new tensors on the CPU (before the first step)."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for pid, entry in (saved.get("state") or {}).items():
+        if not isinstance(entry, dict) or not isinstance(pid, int) or not 0 <= pid < len(params):
+            continue
+        param = params[pid]
+        live = opt.state.get(param) or {}
+        for key, value in entry.items():
+            if isinstance(value, ArrayRef):
+                plan.add(value, live.get(key), param.device)
+
+
+class _InPlace:
+    """Where each deferred array of a lazy tree lands, then one parallel read into all of them.
+
+    A live CPU tensor of the same shape and dtype is the destination itself (its numpy view);
+    anything else (a CUDA tensor, optimizer state not created yet, a non-contiguous or
+    wrapped tensor) gets a new CPU tensor, pinned when it is bound for a GPU, which
+    ``load_state_dict`` then copies or adopts as it always did.
+    """
+
+    def __init__(self) -> None:
+        self.refs: list[ArrayRef] = []
+        self.outs: dict[str, np.ndarray] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._claimed: set[int] = set()
+
+    def add(self, ref: ArrayRef, live: Any, device: torch.device) -> None:
+        dtype = torch_dtype(ref)
+        if dtype is None:
+            return  # read on its own by tensors_in
+        if self._fits(live, ref, dtype):
+            target = live
+            if live.numel():
+                self._claimed.add(live.data_ptr())  # tied weights: the second one reads apart
+        else:
+            pin = device.type == "cuda" and torch.cuda.is_available()
+            target = torch.empty(ref.shape, dtype=dtype, pin_memory=pin)
+        self.refs.append(ref)
+        self.outs[ref.path] = _numpy_view(target)
+        self.tensors[ref.path] = target
+
+    def _fits(self, live: Any, ref: ArrayRef, dtype: torch.dtype) -> bool:
+        return (
+            type(live) in _PLAIN
+            and live.device.type == "cpu"
+            and live.dtype == dtype
+            and tuple(live.shape) == tuple(ref.shape)
+            and live.is_contiguous()
+            and not live.is_conj() and not live.is_neg()
+            and (live.numel() == 0 or live.data_ptr() not in self._claimed)
+        )
+
+    def read(self, where: str) -> dict[str, torch.Tensor]:
+        """Read every planned array into its target; the tensors, by path."""
+        by_reader: dict[int, list[ArrayRef]] = {}
+        for ref in self.refs:
+            by_reader.setdefault(id(ref.reader), []).append(ref)
+        for refs in by_reader.values():
+            try:
+                refs[0].reader.read_arrays([r.path for r in refs], outs={r.path: self.outs[r.path] for r in refs})
+            except Exception as exc:
+                raise RestoreError(
+                    f"{where}: reading the checkpoint failed midway ({type(exc).__name__}: {exc}); the "
+                    "model and optimizer are partly overwritten, so this run cannot go on. Run `ravex "
+                    "validate`, then resume from a good step (`resume: <step>`) or start fresh."
+                ) from exc
+        return self.tensors
+
+
+def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """A writable numpy array over ``tensor``'s memory (bfloat16/float8 as same-size ints)."""
+    t = tensor.detach()
+    try:
+        return t.numpy()
+    except TypeError:  # no numpy dtype: the reader only needs the element size to match
+        return t.view(_INT_OF_SIZE[t.element_size()]).numpy()

@@ -193,6 +193,40 @@ class StepReader:
                     fut.result()
         return results
 
+    def check_objects(self, paths: Sequence[str]) -> None:
+        """Check that every object the chunks of ``paths`` live in exists and is long enough,
+        without reading it: a reader about to read into memory it cannot restore (a live
+        model) rejects a damaged step first. Digests are still checked as chunks are read."""
+        need: dict[str, tuple[int, str]] = {}  # object -> (bytes it must hold, who needs it)
+        for path in paths:
+            entry = self.arrays.get(path)
+            if entry is None:
+                raise ArrayNotFoundError(f"step {self.step} has no tensor {path!r}")
+            _check_chunks_present(path, entry, self.step)
+            for key, ref in entry.chunks.items():
+                if ref.object is None or ref.inline is not None:
+                    continue
+                end = (ref.offset or 0) + ref.size
+                if end > need.get(ref.object, (-1, ""))[0]:
+                    need[ref.object] = (end, f"step {self.step} tensor {path!r} chunk {key}")
+        items = list(need.items())
+        if self.store.storage.durable_local or len(items) <= 1:
+            sizes = [self._object_size(name) for name, _ in items]
+        else:  # a remote store: one request per object, several in flight
+            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(items))) as pool:
+                sizes = list(pool.map(self._object_size, [name for name, _ in items]))
+        for (name, (end, where)), size in zip(items, sizes, strict=True):
+            if size is None:
+                raise CorruptObjectError(f"{where}: object {name} is missing")
+            if size < end:
+                raise CorruptObjectError(f"{where}: object {name} has {size} bytes, the manifest needs {end}")
+
+    def _object_size(self, name: str) -> int | None:
+        try:
+            return self.store.storage.size(object_key(name))
+        except FileNotFoundError:
+            return None
+
     def _fetch_span(self, item: tuple[str, tuple[int, int]]) -> tuple[int, bytes | None]:
         """Bytes ``[start, end)`` of a pack, or None if it is missing (the chunk reports it)."""
         name, (start, end) = item
