@@ -5,6 +5,7 @@ small chunks that changed."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import zarr
 from fmt_helpers import object_files
 
 from ravex.format import ArrayShard, open_store
+from ravex.format.manifest import Manifest
 from ravex.format.writer import DEFAULT_CHUNK_BYTES
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
@@ -58,6 +60,11 @@ def test_each_array_keeps_its_own_chunk_size_and_reads_back_everywhere(tmp_path)
     assert _chunk_rows(store, 1) == {"emb/weight": 8, "moment": 8, "dense": 300}
     _same(store.open_step(1).read(), state)
 
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((SPEC / "schema" / "manifest.schema.json").read_text())
+    manifest = json.loads((tmp_path / "s" / "steps" / "1" / "rank-0.json").read_bytes())
+    jsonschema.Draft202012Validator(schema).validate(manifest)
+
     spec = importlib.util.spec_from_file_location("_chunks_reference_reader", SPEC / "reference_reader.py")
     rr = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rr)
@@ -89,6 +96,9 @@ def test_delta_with_small_chunks_stores_only_the_changed_chunks(tmp_path):
     added = set(object_files(tmp_path / "s")) - set(before)
     assert len(added) == 1, "the changed small chunks go into one pack object"
     _same(store.open_step(2).read(), state)
+    # the writer hands its manifest to the store's cache instead of a re-parse: it must be what was stored
+    stored = (tmp_path / "s" / "steps" / "2" / "rank-0.json").read_bytes()
+    assert store.manifest(2, 0) == Manifest.from_bytes(stored, "step 2") and len(stored) == second.manifest_bytes
 
 
 def test_changing_an_arrays_chunk_size_rewrites_that_array_only(tmp_path):
