@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from rhelpers import FAST_RETRY, KEY, SECRET
+from rhelpers import KEY, SECRET
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -21,6 +21,7 @@ import ravex
 import ravex.format.storage
 from ravex._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
 from ravex.format import open_store
+from ravex.format.storage import RetryPolicy
 
 
 class Clock:
@@ -142,7 +143,8 @@ def clean_env(monkeypatch, tmp_path):
         if key.startswith(("RAVEX_", "AWS_")):
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)  # no stray ravex.yaml
-    monkeypatch.setattr(ravex.format.storage, "DEFAULT_RETRY", FAST_RETRY)  # an outage costs ~0.5 s, not 10
+    # Still retried, but an outage costs a failed checkpoint ~0.05 s, not 5-10 s.
+    monkeypatch.setattr(ravex.format.storage, "DEFAULT_RETRY", RetryPolicy(tries=3, base_delay=0.01, max_delay=0.02))
     yield
     ravex.deactivate()
 
@@ -200,3 +202,35 @@ def test_outage_opens_the_breaker_training_continues_and_recovers(clean_env, mot
     store = open_store(s3_url, storage_options=runtime.config.storage.storage_options())
     assert store.complete_steps() == [2, 4, 64, 66, 68]  # nothing written before the outage was lost
     assert store.read(4)["ravex"]["step"] == 4
+
+
+def test_storage_down_from_the_start_costs_three_attempts_then_none(clean_env, moto_server, proxy, s3_url, lines):
+    """Opening the store is retried on the training thread at each due checkpoint: the breaker
+    bounds that too, and the first checkpoint after the outage opens the store and writes."""
+    proxy.configure(outage=503)
+    storage = {"url": s3_url, "endpoint": proxy.url, "region": "us-east-1", "access_key": KEY, "secret_key": SECRET}
+    runtime = ravex.activate(storage=storage, checkpoint_every=1, keep_last=None, checkpoint_on_exit=False)
+    clock = Clock()
+    runtime.breaker = CircuitBreaker(threshold=3, clock=clock, where=s3_url)
+    assert ravex.status()["backend"] is None and lines.matching("cannot open storage")
+    train = _loop()
+    proxy.reset_counts()
+    train(4)  # checkpoints of 1, 2, 3 cannot open the store
+    assert ravex.status()["breaker"]["state"] == OPEN
+    attempts = sum(proxy.counts.values())
+    assert attempts > 0
+    train(30)
+    assert sum(proxy.counts.values()) == attempts, "no request while cooling down"
+    assert runtime.step == 34 and ravex.status()["breaker"]["skipped_checkpoints"] == 30
+
+    proxy.configure()
+    clock.now += 30
+    train(2)  # the checkpoint of 34 (taken at batch 35's next()) is the trial; 35 waits for no trial
+    ravex.flush()
+    status = ravex.status()
+    assert status["breaker"]["state"] == CLOSED and status["last_written_step"] == 34, status
+    assert status["breaker"]["skipped_checkpoints"] == 31
+    train(1)  # closed: every interval again
+    ravex.flush()
+    assert ravex.status()["last_written_step"] == 36
+    assert open_store(s3_url, storage_options=runtime.config.storage.storage_options()).complete_steps() == [34, 36]

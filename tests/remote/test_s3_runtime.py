@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import torch
 from faultproxy import FaultProxy, Record
-from rhelpers import KEY, SECRET, options_for
+from rhelpers import BUCKET, KEY, SECRET, options_for
 
 from ravex.format import open_store
 from tests.runtime import harness
@@ -84,7 +84,7 @@ def _reference(cwd: Path) -> tuple[harness.Result, dict]:
 def trained(moto_server, tmp_path_factory) -> Trained:
     """One store on S3 written by a killed run and its rerun (the reference runs alongside)."""
     proxy = FaultProxy(moto_server.port, seed=5).start()
-    url = f"s3://ravex-test/runtime-{os.getpid()}"
+    url = f"s3://{BUCKET}/runtime-{uuid.uuid4().hex[:12]}"
     work = tmp_path_factory.mktemp("s3-run")
     reference = _in_thread(_reference, tmp_path_factory.mktemp("s3-reference"))
     aws = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
