@@ -9,6 +9,8 @@ restore into caller-provided buffers makes no extra copy.
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +30,28 @@ if TYPE_CHECKING:
     from .store import CheckpointStore
 
 READ_THREADS = 8
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One reading pool per process, started on first use: a pool per call spent more on
+    starting its threads than a warm read of a small step takes."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ravex-read")
+        return _POOL
+
+
+def _forget_pool() -> None:
+    """After ``fork()`` the child has none of the parent's threads: it starts its own pool."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 @dataclass(frozen=True)
@@ -185,12 +209,21 @@ class StepReader:
             for job in jobs:
                 self._read_chunk(*job)
         else:
-            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(jobs))) as pool:
-                # Chunks packed together are fetched together: one request per pack, not per
-                # chunk (on S3, 300 small tensors were 300 GETs of a few KB each).
-                packs = dict(zip(spans, pool.map(self._fetch_span, spans.items()), strict=True))
-                for fut in [pool.submit(self._read_chunk, *job, packs) for job in jobs]:
-                    fut.result()
+            pool = _pool()
+            # Chunks packed together are fetched together: one request per pack, not per
+            # chunk (on S3, 300 small tensors were 300 GETs of a few KB each).
+            packs = dict(zip(spans, pool.map(self._fetch_span, spans.items()), strict=True))
+            # A few workers drain one list (largest chunks first, so they finish together):
+            # a future per chunk cost more than a small chunk's read.
+            jobs.sort(key=lambda job: -job[4])
+            todo = iter(jobs)  # next() on a list iterator is atomic under the GIL
+
+            def drain() -> None:
+                for job in todo:
+                    self._read_chunk(*job, packs)
+
+            for fut in [pool.submit(drain) for _ in range(min(READ_THREADS, len(jobs)))]:
+                fut.result()
         return results
 
     def check_objects(self, paths: Sequence[str]) -> None:
@@ -213,8 +246,7 @@ class StepReader:
         if self.store.storage.durable_local or len(items) <= 1:
             sizes = [self._object_size(name) for name, _ in items]
         else:  # a remote store: one request per object, several in flight
-            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(items))) as pool:
-                sizes = list(pool.map(self._object_size, [name for name, _ in items]))
+            sizes = list(_pool().map(self._object_size, [name for name, _ in items]))
         for (name, (end, where)), size in zip(items, sizes, strict=True):
             if size is None:
                 raise CorruptObjectError(f"{where}: object {name} is missing")
