@@ -91,12 +91,36 @@ _CACHE: dict[str, Pipeline] = {}
 
 def pipeline(codecs: list[dict[str, Any]], where: str = "array") -> Pipeline:
     """The :class:`Pipeline` for a ``zarr.json`` codec list Ravex can decode."""
-    key = json.dumps(codecs, sort_keys=True)
+    try:
+        key = json.dumps(codecs, sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"{where}: malformed codec list {_short(codecs)}: {exc}") from None
     found = _CACHE.get(key)
     if found is not None:
         return found
+    try:
+        found = _build(codecs, key, where)
+    except ManifestError:
+        raise
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        # a hostile or foreign codec configuration: one line naming the tensor, never a codec's traceback
+        raise ManifestError(
+            f"{where}: invalid codec configuration {_short(codecs)} ({type(exc).__name__}: {exc})"
+        ) from None
+    _CACHE[key] = found
+    return found
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _build(codecs: list[dict[str, Any]], key: str, where: str) -> Pipeline:
+    if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
+        raise ManifestError(f"{where}: codecs must be a list of objects, got {_short(codecs)}")
     if not codecs or codecs[0].get("name") != "bytes" or len(codecs) > 2:
-        raise ManifestError(f"{where}: unsupported codec chain {codecs!r}; expected bytes[, zstd|blosc]")
+        raise ManifestError(f"{where}: unsupported codec chain {_short(codecs)}; expected bytes[, zstd|blosc]")
     endian = (codecs[0].get("configuration") or {}).get("endian", "little")
     if endian not in ("little", None):
         raise ManifestError(f"{where}: big-endian chunks are not written by Ravex")
@@ -117,6 +141,4 @@ def pipeline(codecs: list[dict[str, Any]], where: str = "array") -> Pipeline:
             )
         else:
             raise ManifestError(f"{where}: unknown codec {c.get('name')!r}")
-    found = Pipeline(key, compressor, typesize)
-    _CACHE[key] = found
-    return found
+    return Pipeline(key, compressor, typesize)

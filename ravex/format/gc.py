@@ -79,6 +79,9 @@ def gc(
         raise ValueError(f"keep_last={keep_last}: keep at least the newest step (keep_last >= 1)")
     if keep_every is not None and keep_every < 1:
         raise ValueError(f"keep_every={keep_every} must be a positive number of steps")
+    if not (isinstance(grace_seconds, (int, float)) and grace_seconds >= 0):  # NaN fails this too
+        # a negative or NaN grace would delete a concurrent writer's objects before its manifest lands
+        raise ValueError(f"grace_seconds={grace_seconds!r} must be a number of seconds >= 0")
     now = time.time()
     report = GCReport(dry_run=dry_run)
     infos = store.steps()

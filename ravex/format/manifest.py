@@ -136,7 +136,7 @@ class Manifest:
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit int
             raise ManifestError(f"{where}: truncated or malformed JSON ({type(exc).__name__}: {exc})") from None
         try:
             return cls.from_json(doc, where)
@@ -174,6 +174,10 @@ class Manifest:
                 zarr=entry["zarr"],
                 chunks={_check_chunk_key(k, at): ChunkRef.from_json(c, f"{at} chunk {k}") for k, c in chunks.items()},
             )
+            _check_stored_sizes(arrays[path], at)
+        for name in ("metadata", "stats"):
+            if not isinstance(doc.get(name) or {}, dict):
+                raise ManifestError(f"{where}: {name!r} must be an object, got {type(doc[name]).__name__}")
         return cls(
             step=step,
             rank=rank,
@@ -195,19 +199,52 @@ def _json_int(value: Any, name: str, where: str) -> int:
 
 
 def _check_zarr_meta(meta: dict[str, Any], where: str) -> None:
+    """Shape and chunk shape are lists of JSON integers (chunk sides >= 1, so no reader divides
+    by zero), of one length; codecs a list of named objects."""
     try:
+        shape, chunk_shape = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
         ok = (
             meta["zarr_format"] == 3
             and meta["node_type"] == "array"
-            and all(isinstance(n, int) and n >= 0 for n in meta["shape"])
-            and len(meta["chunk_grid"]["configuration"]["chunk_shape"]) == len(meta["shape"])
+            and isinstance(shape, list)
+            and isinstance(chunk_shape, list)
+            and all(_is_int(n) and n >= 0 for n in shape)
+            and all(_is_int(n) and n >= 1 for n in chunk_shape)
+            and len(chunk_shape) == len(shape)
             and isinstance(meta["codecs"], list)
+            and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in meta["codecs"])
             and isinstance(meta["data_type"], str)
         )
     except (KeyError, TypeError):
         ok = False
     if not ok:
         raise ManifestError(f"{where}: malformed zarr.json metadata")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: The largest element a Zarr data type of format 1 has (complex128).
+_MAX_ITEMSIZE = 16
+
+
+def _check_stored_sizes(entry: ArrayEntry, where: str) -> None:
+    """No chunk's stored ``size`` may exceed what any codec makes of a full chunk (zstd and
+    blosc add well under 1/64 plus a header): a hostile size could otherwise make a reader
+    ask storage for petabytes before any byte is checked."""
+    if not entry.chunks:
+        return
+    decoded = _MAX_ITEMSIZE
+    for n in entry.chunk_shape:
+        decoded *= n
+    limit = decoded + decoded // 64 + 4096
+    for key, ref in entry.chunks.items():
+        if ref.size > limit:
+            raise ManifestError(
+                f"{where} chunk {key}: stored size {ref.size} is larger than a chunk of shape "
+                f"{list(entry.chunk_shape)} can encode to; the manifest is corrupt"
+            )
 
 
 def _check_chunk_key(key: str, where: str) -> str:

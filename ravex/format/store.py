@@ -90,7 +90,7 @@ class CheckpointStore:
         except (RavexError, OSError) as exc:
             return StepInfo(step, None, tuple(ranks), False, f"rank {ranks[0]}: {exc}")
         world = first.world_size
-        missing = sorted(set(range(world)) - set(ranks))
+        missing = _missing_ranks(ranks, world)
         if missing:
             return StepInfo(step, world, tuple(ranks), False, f"missing manifests of ranks {missing}")
         for r in ranks[1:]:
@@ -142,8 +142,9 @@ class CheckpointStore:
         text = str(step)
         if text.startswith("step_"):
             text = text[5:]
-        if not text.isdigit():
-            raise StepNotFoundError(f"{step!r} is not a step; use a number, 'step_100' or 'latest'")
+        if not (text.isascii() and text.isdigit()) or len(text) > 19:  # 19 digits: what a layout step holds
+            shown = step if len(str(step)) <= 40 else f"{str(step)[:40]}..."
+            raise StepNotFoundError(f"{shown!r} is not a step; use a number, 'step_100' or 'latest'")
         number = int(text)
         info = self.step_info(number)
         if not info.complete:
@@ -246,6 +247,24 @@ class CheckpointStore:
             self.storage.remove_empty_dir(folder)
 
 
+def _missing_ranks(ranks: list[int], world: int, show: int = 8) -> str:
+    """``"[1, 3]"``: the ranks below ``world`` without a manifest (the first ``show`` of them, and
+    how many). Never walks ``range(world)`` whole: a hostile ``world_size`` of 10**18 is cheap."""
+    present = set(ranks)
+    missing: list[int] = []
+    for r in range(world):
+        if r not in present:
+            missing.append(r)
+            if len(missing) > show:
+                break
+    if not missing:
+        return ""
+    if len(missing) <= show:
+        return str(missing)
+    count = world - sum(1 for r in present if r < world)
+    return f"[{', '.join(map(str, missing[:show]))}, ...] ({count} of {world})"
+
+
 def open_store(
     url: str | os.PathLike[str],
     create: bool = False,
@@ -279,8 +298,8 @@ def open_store(
     where = f"{storage.url}/{ROOT_KEY}"
     try:
         root = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{where}: malformed JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit int
+        raise ManifestError(f"{where}: malformed JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(root, dict) or root.get("format") != FORMAT_NAME:
         raise ManifestError(f"{where}: not a Ravex root document (format != {FORMAT_NAME!r})")
     check_version(root.get("version"), where)

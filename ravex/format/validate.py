@@ -13,13 +13,15 @@ Findings name the step, rank, tensor and chunk involved. Kinds:
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .codecs import pipeline
+from .dtypes import data_type
 from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFoundError, UnsafeNameError
 from .hashing import digest
-from .manifest import ChunkRef
+from .manifest import ArrayEntry, ChunkRef, Manifest
 from .names import is_decimal, object_key
 from .storage import Storage
 
@@ -81,20 +83,45 @@ class ValidationReport:
         }
 
 
-def _chunk_damaged(data: bytes, ref: ChunkRef, codecs: list) -> bool:
-    """Whether one chunk's bytes inside a (damaged) object no longer decode to its ``raw``."""
+def _chunk_damaged(data: bytes, ref: ChunkRef, entry: ArrayEntry) -> bool:
+    """Whether one chunk's bytes inside a (damaged) object no longer decode to its ``raw``.
+
+    Decodes into a buffer of exactly the chunk's decoded size, as a reader does: a damaged
+    (or hostile) object cannot make validate allocate more than its shape allows."""
     start = ref.offset or 0
     stored = data[start : start + ref.size]
     if len(stored) != ref.size:
         return True
     try:
-        pipe = pipeline(codecs)
+        pipe = pipeline(entry.codecs)
         if pipe.compressor is None:
             return digest(stored) != ref.raw
-        decoded = pipe.compressor.decode(stored)
+        decoded = pipe.decode(stored, math.prod(entry.chunk_shape) * data_type(entry.data_type).itemsize)
     except Exception:
         return True
     return digest(decoded) != ref.raw
+
+
+def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
+    """What a reader would refuse in a complete step's merged arrays, without reading a chunk:
+    an unknown data type or codec, a chunk map that is not exactly the chunk grid."""
+    from .reader import _check_chunks_present, _merge
+
+    try:
+        arrays = _merge(manifests)
+    except ManifestError as exc:
+        return [Finding("malformed_manifest", str(exc), step)]
+    found = []
+    for path, entry in arrays.items():
+        where = f"step {step} tensor {path!r}"
+        try:
+            data_type(entry.data_type)
+            pipeline(entry.codecs, where)
+            _check_chunks_present(path, entry, step)
+        except RavexError as exc:
+            message = str(exc) if str(exc).startswith("step ") else f"{where}: {exc}"
+            found.append(Finding("malformed_manifest", message, step, tensor=path))
+    return found
 
 
 def validate(
@@ -123,7 +150,7 @@ def validate(
     report = ValidationReport(store.url)
     storage: Storage = store.storage
     sizes = {o.key.rsplit("/", 1)[-1]: (o.key, o.size) for o in storage.walk("objects")}
-    referenced: dict[str, list[tuple[int, int, str, str, ChunkRef, list]]] = {}
+    referenced: dict[str, list[tuple[int, int, str, str, ChunkRef, ArrayEntry]]] = {}
 
     for step in store.step_numbers():
         if steps is not None and step not in steps:
@@ -135,6 +162,7 @@ def validate(
             if name.startswith("rank-") and name.endswith(".json") and is_decimal(name[5:-5]):
                 ranks.append(int(name[5:-5]))
         good = True
+        manifests = []
         for rank in sorted(ranks):
             try:
                 m = store.manifest(step, rank)
@@ -150,11 +178,12 @@ def validate(
                 report.findings.append(Finding("malformed_manifest", str(exc), step, rank))
                 good = False
                 continue
+            manifests.append(m)
             for path, entry in m.arrays.items():
                 for key, ref in entry.chunks.items():
                     if ref.object is None:
                         continue
-                    referenced.setdefault(ref.object, []).append((step, rank, path, key, ref, entry.codecs))
+                    referenced.setdefault(ref.object, []).append((step, rank, path, key, ref, entry))
                     found = sizes.get(ref.object)
                     where = f"step {step} rank {rank} tensor {path!r} chunk {key}"
                     if found is None or found[0] != object_key(ref.object):
@@ -174,6 +203,8 @@ def validate(
             report.findings.append(
                 Finding("incomplete_step", f"step {step}: {info.problem} (ignored by readers)", step)
             )
+        elif good:
+            report.findings.extend(_array_problems(step, manifests))
 
     if full:
         def check(name: str) -> list[Finding]:
@@ -185,15 +216,15 @@ def validate(
                 return []
             # Name every chunk the damage reaches (a pack holds many: check each one's bytes).
             found, seen = [], set()
-            for step, rank, path, key, ref, codecs in referenced[name]:
-                if (step, path, key) in seen or not _chunk_damaged(data, ref, codecs):
+            for step, rank, path, key, ref, entry in referenced[name]:
+                if (step, path, key) in seen or not _chunk_damaged(data, ref, entry):
                     continue
                 seen.add((step, path, key))
                 found.append(Finding("hash_mismatch",
                                      f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
                                      "does not match its hash (corrupt bytes)", step, rank, path, key, name))
             if not found:  # damage outside every chunk's bytes: name the object's first user
-                step, rank, path, key, _ref, _codecs = referenced[name][0]
+                step, rank, path, key, _ref, _entry = referenced[name][0]
                 found.append(Finding("hash_mismatch",
                                      f"step {step} rank {rank} tensor {path!r} chunk {key}: object {name} "
                                      "does not match its hash (corrupt bytes)", step, rank, path, key, name))
