@@ -433,6 +433,7 @@ def resolve(registry: Any, tree: dict[str, Any]) -> dict[str, Any]:
     from ravex.format import ArrayRef
 
     reader = tree.pop("_reader")
+    _note_ddp_buckets(registry)
     if tree.pop("_world_changed", False):  # a loader's length per rank follows the world size
         for loader, entry in zip(registry.live("loaders"), tree.get("loaders", []), strict=False):
             try:
@@ -480,6 +481,28 @@ def resolve(registry: Any, tree: dict[str, Any]) -> dict[str, Any]:
     for key, value in sections.items():
         tree[key] = _map(value, fill)
     return tree
+
+
+def _note_ddp_buckets(registry: Any) -> None:
+    """Say why a resumed DDP run at 3+ ranks is not bitwise (tests/distributed/test_ddp.py).
+
+    DDP rebuilds its gradient buckets after a process's first backward; the first step after
+    a restart all-reduces the initial layout, the uninterrupted run the rebuilt one, and at
+    3+ ranks a ring all-reduce's summation order follows the layout. Nothing in the
+    checkpoint can carry that over; ``find_unused_parameters=True`` never rebuilds.
+    """
+    dist = _dist()
+    ddp_module = sys.modules.get("torch.nn.parallel.distributed")
+    if dist is None or dist.get_world_size() < 3 or ddp_module is None:
+        return
+    for model in registry.models():
+        if isinstance(model, ddp_module.DistributedDataParallel) and not model.find_unused_parameters:
+            logger.info("ravex: DDP at %d ranks: the first step after this resume sums gradients in "
+                        "another order than an uninterrupted run (DDP rebuilds its buckets after a "
+                        "process's first step), so results match it to rounding, not bitwise; "
+                        "DDP(find_unused_parameters=True) keeps one bucket layout and is bitwise",
+                        dist.get_world_size())
+            return
 
 
 def _read_shard(reader: Any, ref: Any, live: Any) -> Any:

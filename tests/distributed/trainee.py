@@ -19,6 +19,10 @@ rank's RNG back would diverge. Environment:
 ``T_STEP_SECONDS``  simulated compute per step (for time-based checkpoints)
 ``T_SKEW``    ``<seconds>``: rank 1 calls ``ravex.activate()`` that much later than rank 0,
               so per-rank clocks would disagree on when a time-based checkpoint is due
+``T_FIND_UNUSED``  ``1``: ``DDP(find_unused_parameters=True)`` (DDP then never rebuilds its
+              gradient buckets; see test_ddp's 4-rank test)
+``T_REWRAP_AT``  ``<step>``: after that step, wrap the model in a fresh DDP (what a restarted
+              process has), without Ravex
 
 Prints ``LOSS <rank> <step> <float.hex>`` per step, ``RESTORED <rank> <step>`` after the
 first step of a resumed run, and ``FINISHED <rank>``.
@@ -51,6 +55,8 @@ EPOCHS = int(os.environ.get("T_EPOCHS", "2"))
 BLOCK_AT = int(os.environ.get("T_BLOCK_AT", "0") or 0)
 WAIT_AT = int(os.environ.get("T_WAIT_SIGNAL_AT", "0") or 0)
 STEP_SECONDS = float(os.environ.get("T_STEP_SECONDS", "0") or 0)
+FIND_UNUSED = os.environ.get("T_FIND_UNUSED") == "1"
+REWRAP_AT = int(os.environ.get("T_REWRAP_AT", "0") or 0)
 
 
 def say(line: str) -> None:
@@ -132,7 +138,7 @@ def main() -> None:
         fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
         net = model
     else:
-        net = nn.parallel.DistributedDataParallel(model)
+        net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=FIND_UNUSED)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
     data = Noisy()
     sampler = DistributedSampler(data, shuffle=True, seed=7)
@@ -155,6 +161,8 @@ def main() -> None:
                 main.said = 1
                 say(f"RESTORED {rank} {ravex.status()['resumed_from']}")
             say(f"LOSS {rank} {step} {loss.item().hex()}")
+            if step == REWRAP_AT:
+                net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=FIND_UNUSED)
             if STEP_SECONDS:
                 time.sleep(STEP_SECONDS)  # simulated compute
             if caught is not None and step == WAIT_AT:
