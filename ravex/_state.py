@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from ravex._registry import LoaderState, Registry
 from ravex.errors import RestoreError
@@ -416,6 +417,7 @@ class _InPlace:
         self.refs: list[ArrayRef] = []
         self.outs: dict[str, np.ndarray] = {}
         self.tensors: dict[str, torch.Tensor] = {}
+        self.live: list[torch.Tensor] = []  # written behind autograd's back: versions to bump
         self._claimed: set[int] = set()
 
     def add(self, ref: ArrayRef, live: Any, device: torch.device) -> None:
@@ -424,6 +426,7 @@ class _InPlace:
             return  # read on its own by tensors_in
         if self._fits(live, ref, dtype):
             target = live
+            self.live.append(live)
             if live.numel():
                 self._claimed.add(live.data_ptr())  # tied weights: the second one reads apart
         else:
@@ -458,6 +461,8 @@ class _InPlace:
                     "model and optimizer are partly overwritten, so this run cannot go on. Run `ravex "
                     "validate`, then resume from a good step (`resume: <step>`) or start fresh."
                 ) from exc
+        for tensor in self.live:  # as an in-place copy_ would: whoever caches by _version sees it
+            increment_version(tensor)
         return self.tensors
 
 

@@ -86,6 +86,7 @@ def test_resume_writes_into_the_live_tensors_without_a_full_size_temporary(tmp_p
     model, opt = _objects(seed=1)  # different values, same shapes
     _step(model, opt, seed=9)  # the optimizer's state exists (as in the benchmark's rerun)
     before = _pointers(model, opt)
+    versions = [t._version for s in opt.state.values() for t in s.values()]
     ravex.activate(storage=str(store), checkpoint_on_exit=False)  # finds them: the scan
     runtime = ravex._runtime.get_runtime()
     assert not runtime._restored
@@ -97,6 +98,8 @@ def test_resume_writes_into_the_live_tensors_without_a_full_size_temporary(tmp_p
         tracemalloc.stop()
     assert runtime.resumed_from == 3
     assert _pointers(model, opt) == before, "restore must write into the live tensors' memory"
+    after = [t._version for s in opt.state.values() for t in s.values()]
+    assert all(a > b for a, b in zip(after, versions, strict=True)), "in-place writes bump _version"
     _assert_bitwise(model, opt, saved_model, saved_opt)
     weights = WIDTH * WIDTH * 4
     assert peak < weights // 2, f"{peak} bytes allocated during the restore (one weight is {weights})"
@@ -182,7 +185,7 @@ def _ids(registry: Registry) -> dict[str, list[int]]:
     return {kind: [id(o) for o in registry.live(kind)] for kind in ("models", "optimizers", "schedulers")}
 
 
-def test_scan_proves_locals_live_without_a_collect(monkeypatch):
+def test_scan_proves_locals_live_without_a_collect():
     model, opt = _objects()
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     assert _scan._all_reachable({id(model), id(model[0]), id(opt), id(sched)})
