@@ -13,6 +13,10 @@ closes the breaker. Opening and closing each log one line.
 The states and times are kept here, apart from the runtime, so they can be tested with an
 injected clock; the runtime asks :meth:`CircuitBreaker.allow` before a checkpoint and
 reports each outcome (the writer thread reports the background ones).
+
+Off with several ranks (``enabled=False``): each rank would time its own cool-down, and a
+rank that tries while another skips can enter the first checkpoint's collective alone and
+hang the job. There every due checkpoint is still attempted, as before.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ FIRST_COOLDOWN = 30.0
 #: ... up to this many seconds.
 MAX_COOLDOWN = 600.0
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+CLOSED, OPEN, HALF_OPEN, OFF = "closed", "open", "half-open", "off"
 
 
 def duration(seconds: float) -> str:
@@ -57,6 +61,7 @@ class CircuitBreaker:
         max_cooldown: float = MAX_COOLDOWN,
         clock: Callable[[], float] = time.monotonic,
         where: str = "storage",
+        enabled: bool = True,
     ) -> None:
         if threshold < 1 or first_cooldown < 0 or max_cooldown < first_cooldown:
             raise ValueError(f"CircuitBreaker: bad settings {threshold=}, {first_cooldown=}, {max_cooldown=}")
@@ -66,7 +71,7 @@ class CircuitBreaker:
         self.clock = clock
         #: what the log lines call the storage (the runtime sets the store's URL)
         self.where = where
-        self.state = CLOSED
+        self.state = CLOSED if enabled else OFF
         self.consecutive_failures = 0
         self.cooldown = 0.0
         self.retry_at: float | None = None
@@ -83,7 +88,7 @@ class CircuitBreaker:
         checkpoint is counted; the caller simply goes on training.
         """
         with self._lock:
-            if self.state == CLOSED:
+            if self.state in (CLOSED, OFF):
                 return True
             if self.state == OPEN and self.retry_at is not None and self.clock() >= self.retry_at:
                 self.state = HALF_OPEN
@@ -95,6 +100,8 @@ class CircuitBreaker:
         """A checkpoint failed (before writing or on the writer thread)."""
         with self._lock:
             self.consecutive_failures += 1
+            if self.state == OFF:
+                return
             if self.state == HALF_OPEN:
                 self._open(min(self.max_cooldown, max(self.first_cooldown, self.cooldown * 2)))
                 logger.warning(
@@ -111,6 +118,9 @@ class CircuitBreaker:
     def succeeded(self, step: int | None = None) -> None:
         """A checkpoint was written: close."""
         with self._lock:
+            if self.state == OFF:
+                self.consecutive_failures = 0
+                return
             if self.state != CLOSED:
                 logger.warning(
                     "ravex: %s reachable again%s after %d failed checkpoints; checkpointing resumes",
@@ -134,17 +144,17 @@ class CircuitBreaker:
             return {
                 "state": self.state,
                 "consecutive_failures": self.consecutive_failures,
-                "cooldown_seconds": self.cooldown if self.state != CLOSED else None,
+                "cooldown_seconds": self.cooldown if self.state in (OPEN, HALF_OPEN) else None,
                 "next_attempt_in_seconds": left,
                 "skipped_checkpoints": self.skipped,
                 "opened": self.opened,
             }
 
 
-def of(owner: Any, where: str = "storage") -> CircuitBreaker:
+def of(owner: Any, where: str = "storage", enabled: bool = True) -> CircuitBreaker:
     """The breaker kept on ``owner`` (the runtime) as ``owner.breaker``, made on first use;
     a test may put its own there first (with a clock it controls)."""
     breaker = owner.__dict__.get("breaker")
     if breaker is None:
-        breaker = owner.__dict__.setdefault("breaker", CircuitBreaker(where=where))
+        breaker = owner.__dict__.setdefault("breaker", CircuitBreaker(where=where, enabled=enabled))
     return breaker

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
 import ravex.format.storage
-from ravex._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
+from ravex._breaker import CLOSED, HALF_OPEN, OFF, OPEN, CircuitBreaker, duration
 from ravex.format import open_store
 from ravex.format.storage import RetryPolicy
 
@@ -112,6 +112,17 @@ def test_a_success_resets_the_count_and_bad_settings_are_refused():
     with pytest.raises(ValueError, match="threshold=0"):
         CircuitBreaker(threshold=0)
     assert [duration(s) for s in (30, 59.6, 60, 150, 600)] == ["30 s", "60 s", "1 min", "2.5 min", "10 min"]
+
+
+def test_off_with_several_ranks_always_allows(lines):
+    """Ranks would time their cool-downs apart; one trying alone could hang a collective."""
+    b = CircuitBreaker(threshold=1, clock=Clock(), enabled=False)
+    for _ in range(5):
+        assert b.allow()
+        b.failed()
+    assert b.status()["state"] == OFF and b.status()["consecutive_failures"] == 5 and lines.lines == []
+    b.succeeded()
+    assert b.status()["consecutive_failures"] == 0
 
 
 # ---- a real training loop, S3 down and back ------------------------------------------------
