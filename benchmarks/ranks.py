@@ -11,9 +11,13 @@ the start. Reported:
 * per-rank commit seconds (min/median/max), manifest bytes (min/median/max, total)
 * ``refs_s``: one ``write_refs`` of the complete step (rank 0's job)
 * ``agree_s``: every rank at once finding the newest complete step (what each rank does
-  before the one small collective of a resume: list ``steps/``, read the newest step's W
+  before the small collectives of a resume: list ``steps/``, read the newest step's W
   manifests, merge them) -- the slowest rank's time; and ``read_shard_s``: every rank
   reading back its own rows of the sharded arrays.
+* ``agree_collective_s``: ``_distributed.agree_on_steps`` itself (a broadcast of 67 int64s
+  and a MIN all-reduce of 64 int8s) over gloo on this host, median of ``--agree-repeats``
+  per rank, at ``--agree-ranks`` processes (default 8: gloo's 64-process rendezvous on 2
+  cores measures the scheduler, not the collective).
 
 On a 2-core VM 64 processes contend for 2 cores: the figures are upper bounds of the
 format's own costs (listing, manifests, merge), not of a 64-node job.
@@ -81,10 +85,39 @@ def _resumer(rank: int, args: argparse.Namespace, barrier: Any, out: Any) -> Non
     out.put(("resume", rank, t0, t1, time.time(), latest))
 
 
-def _spawn(target: Any, args: argparse.Namespace) -> list[tuple]:
+class _AgreeBackend:
+    """What ``_distributed.agree_on_steps`` touches on a backend (no store: nothing to drop)."""
+
+    store = None
+    url = "bench"
+    run_id: str | None = None
+    writes_agreed = False
+
+
+def _agreer(rank: int, args: argparse.Namespace, barrier: Any, out: Any) -> None:
+    """The resume agreement collective itself (gloo, this host): broadcast + MIN all-reduce."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
+                            world_size=args.agree_ranks)
+    steps = list(range(STEP, STEP - 100 * 10, -10))  # more candidates than the 64 exchanged
+    times = []
+    for _ in range(args.agree_repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        backend = _AgreeBackend()
+        agreed = _distributed.agree_on_steps(steps, backend, rank, args.agree_ranks)
+        times.append(time.perf_counter() - t0)
+    assert agreed[0] == STEP and backend.run_id
+    dist.destroy_process_group()
+    out.put(("agree", rank, statistics.median(times)))
+
+
+def _spawn(target: Any, args: argparse.Namespace, n: int | None = None) -> list[tuple]:
     ctx = mp.get_context("fork")
-    barrier, out = ctx.Barrier(args.ranks), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, args, barrier, out)) for r in range(args.ranks)]
+    n = n or args.ranks
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, args, barrier, out)) for r in range(n)]
     for p in procs:
         p.start()
     results = [out.get(timeout=600) for _ in procs]
@@ -108,6 +141,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--replicated", type=int, default=8, help="replicated arrays (written once in total)")
     ap.add_argument("--rep-rows", type=int, default=256)
     ap.add_argument("--store", default=None, help="store folder (default: a temporary one)")
+    ap.add_argument("--agree-ranks", type=int, default=8,
+                    help="processes for the gloo resume-agreement collective (0: skip)")
+    ap.add_argument("--agree-repeats", type=int, default=20)
+    ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
     temp = None
@@ -128,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         manifests = [w[4] for w in writes]
         resumes = _spawn(_resumer, args)
         assert all(r[5] == STEP for r in resumes)
+        agree = _spawn(_agreer, args, args.agree_ranks) if args.agree_ranks > 1 else []
         result = {
             "ranks": args.ranks,
             "logical_bytes": args.sharded * args.rows * args.ranks * args.cols * 4
@@ -140,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "refs_bytes": os.path.getsize(os.path.join(args.store, "steps", str(STEP), "refs.json")),
             "agree_s": _spread([r[3] - r[2] for r in resumes]),
             "read_shard_s": _spread([r[4] - r[3] for r in resumes]),
+            "agree_collective_s": ({"ranks": args.agree_ranks, **_spread([a[2] for a in agree])}
+                                   if agree else None),
             "objects": sum(len(files) for _, _, files in os.walk(os.path.join(args.store, "objects"))),
         }
         text = json.dumps(result, indent=2)
