@@ -27,9 +27,10 @@ from ravex.format.names import escape_key
 logger = logging.getLogger("ravex")
 
 #: Chunk size for sparsely updated tables. benchmarks/scenarios.py (c), 1% of rows per
-#: interval (Zipf), 256-byte rows, manifest counted: full/written 7.5x at 2 KiB, 5.4x at
-#: 4 KiB, 3.5x at 8 KiB, 1.2x at 64 KiB (each manifest chunk entry costs ~120 bytes,
-#: which is what stops smaller chunks from doing better).
+#: interval (Zipf), 256-byte rows, manifest counted: full/written 6.25x at 1 KiB, 7.25x at
+#: 2 KiB, 5.56x at 4 KiB, 3.44x at 8 KiB, 2.07x at 16 KiB, 1.08x at 64 KiB. Each chunk costs
+#: ~125 manifest bytes (and ~105 in refs.json) whether it changed or not, which is what
+#: stops smaller chunks from doing better; the changed rows' chunks stop larger ones.
 SPARSE_CHUNK_BYTES = 2 << 10
 
 
