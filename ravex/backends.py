@@ -341,12 +341,44 @@ class TorchSaveBackend(CheckpointBackend):
         return [int(_STEP_FILE.search(f).group(1)) for f in self._files()]  # type: ignore[union-attr]
 
     def load_step(self, step: int) -> dict[str, Any] | None:
+        """Unpickle ``step_<n>.pt`` with ``weights_only=True``: only tensors, containers and plain
+        values are built, so a file whose pickle names any other callable (a ``__reduce__`` that
+        runs ``os.system``) is refused before any of it runs. What Ravex writes needs nothing
+        more; numpy arrays, scalars and dtypes (data, not code) are also allowed for this load
+        only, in case a custom optimizer or scheduler keeps one in its ``state_dict``."""
+        import pickle
+        import zipfile
+
+        import numpy as np
         import torch
+
+        from ravex.errors import CorruptObjectError
 
         path = self._path(step)
         if not os.path.exists(path):
             return None
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray
+        numpy_data = [np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar]
+        numpy_data += [type(np.dtype(t)) for t in "?bhilqBHILQefdgFDG"]
+        try:
+            with torch.serialization.safe_globals(numpy_data):
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines() if "global" in ln.lower()]
+            if not lines:  # not a refused callable: garbage where a pickle should be
+                raise CorruptObjectError(f"{path}: step {step} is truncated or corrupt (UnpicklingError: "
+                                         f"{' '.join(str(exc).split())[:200]})") from None
+            why = lines[0][:300]
+            raise CorruptObjectError(
+                f"{path}: refused to load step {step}: its pickle names code that torch.load(weights_only=True) "
+                f"does not run ({why}); Ravex never writes that, so the file was not written by Ravex or was "
+                "tampered with. Move it away to resume from an earlier step"
+            ) from None
+        except (EOFError, RuntimeError, ValueError, zipfile.BadZipFile) as exc:
+            raise CorruptObjectError(f"{path}: step {step} is truncated or corrupt ({type(exc).__name__}: "
+                                     f"{' '.join(str(exc).split())[:200]})") from None
+        if not isinstance(state, dict):
+            raise CorruptObjectError(f"{path}: step {step} holds a {type(state).__name__}, not a Ravex state tree")
         state.pop("_ravex_metadata", None)
         return state
 
