@@ -279,7 +279,7 @@ def open_store(
     storage = open_storage(os.fspath(url), storage_options, retry)
     try:
         data = storage.read(ROOT_KEY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: the path is a file
         if not create:
             raise StoreNotFoundError(
                 f"{storage.url!r} is not a Ravex store (no {ROOT_KEY}); check the path, "

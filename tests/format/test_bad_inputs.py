@@ -25,6 +25,7 @@ from ravex.format import (
     ManifestError,
     RavexError,
     StepNotFoundError,
+    StoreNotFoundError,
     UnsafeNameError,
     open_store,
 )
@@ -92,6 +93,7 @@ UNPARSABLE = {
     "chunk key 25 digits": (lambda d: w_entry(d)["chunks"].update({"c/" + "9" * 25 + "/0": w_entry(d)["chunks"]
                                                                    .pop("c/3/0")}), "bad chunk key"),
     "arrays a list": (lambda d: d.update(arrays=[]), "'arrays' must be an object"),
+    "world_size 0": (lambda d: d.update(world_size=0), r"bad step/rank/world_size 2/0/0"),
 }
 
 
@@ -121,6 +123,10 @@ REFUSED = {
                           ManifestError, "unknown data_type 'float128'; Ravex format 1 stores"),
     "unknown codec": (lambda d: w_entry(d)["zarr"]["codecs"][1].update(name="gzip"),
                       ManifestError, "unknown codec 'gzip'"),
+    "codec chain without bytes": (lambda d: w_entry(d)["zarr"].update(codecs=[{"name": "zstd"}]),
+                                  ManifestError, r"unsupported codec chain .*; expected bytes\[, zstd\|blosc\]"),
+    "big-endian": (lambda d: w_entry(d)["zarr"]["codecs"][0].update(configuration={"endian": "big"}),
+                   ManifestError, "big-endian chunks are not written by Ravex"),
     "blosc shuffle 'zz'": (lambda d: w_entry(d)["zarr"].update(codecs=[
         {"name": "bytes"}, {"name": "blosc", "configuration": {"shuffle": "zz"}}]),
         ManifestError, "invalid codec configuration .*KeyError"),
@@ -279,3 +285,10 @@ def test_gc_refuses_a_grace_that_would_delete_in_flight_objects(tmp_path, grace)
     with pytest.raises(ValueError, match=r"grace_seconds=.* must be a number of seconds >= 0"):
         store.gc(keep_last=1, grace_seconds=grace)
     assert "orphan_object" in validate(store.url).kinds()  # nothing was deleted
+
+
+def test_a_file_is_not_a_store(tmp_path):
+    store = make_store(tmp_path / "s")
+    with pytest.raises(StoreNotFoundError, match=r"ravex.json' is not a Ravex store \(no ravex.json\)"):
+        open_store(Path(store.url) / "ravex.json")  # was a bare NotADirectoryError
+    assert [f.kind for f in validate(str(Path(store.url) / "ravex.json")).findings] == ["missing_root"]

@@ -131,7 +131,7 @@ def test_paths_that_are_not_stores(here, capsys, store):
     (here / "plain").mkdir()
     for target, message in ((here / "plain", r"is not a Ravex store \(it has no ravex.json\); check the path"),
                             (here / "nowhere", "is not a Ravex store"),
-                            (store / "ravex.json", "cannot open store .*Not a directory")):
+                            (store / "ravex.json", r"ravex.json' is not a Ravex store \(it has no ravex.json\)")):
         for verb in ("ls", "validate", "gc"):
             rc, err = run(capsys, verb, target)
             assert rc == 2, (verb, target, err)
