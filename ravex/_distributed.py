@@ -5,8 +5,9 @@ single-process path is unchanged. Under ``torchrun`` the rank and world size com
 ``torch.distributed`` once it is initialised, and from torchrun's ``RANK``/``WORLD_SIZE``
 before that (``ravex.activate()`` usually runs before ``init_process_group``). Collectives
 run only on the training thread, at points every rank reaches in the same order: the first
-restore trigger (or first checkpoint), and right after an optimizer step every so often when a
-time-based checkpoint or a signal may be pending (:class:`Poll`).
+restore trigger (or first checkpoint), right after an optimizer step every so often when a
+time-based checkpoint or a signal may be pending (:class:`Poll`), and once after the flush of
+the checkpoint that ends the job on an agreed signal (no rank exits before all have flushed).
 
 Tree layout with several ranks (each rank's manifest holds its own tree)::
 

@@ -1,9 +1,9 @@
 """Decisions every rank must share, under real ``torchrun`` (2 ranks, gloo, CPU): a time-based
 checkpoint (rank 0's clock decides, the ranks' clocks are skewed) lands on the same steps on
 both ranks, and SIGTERM to the launcher or to one rank alone ends the job with one complete
-final step that a rerun resumes from, bitwise. The old per-rank decisions fail these: skewed
-clocks checkpoint different steps (incomplete steps), and a signal to one rank checkpoints that
-rank alone while the other blocks in DDP.
+final step (both ranks stop after the same step) that a rerun resumes from, bitwise. The old
+per-rank decisions fail these: skewed clocks checkpoint different steps (incomplete steps),
+and a signal to one rank checkpoints that rank alone while the other blocks in DDP.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def test_sigterm_ends_every_rank_at_one_complete_step_and_resume_is_bitwise(tmp_
     for rank in (0, 1):  # both ranks trained up to the agreed step and no further
         assert max(first.losses(rank)) == final, first.explain()
     assert first.stderr.count(f"checkpoint of step {final} flushed; exiting with status 143") == 2, first.explain()
+    if target == "launcher":
+        return  # the store is in the same state either way: one resume (below) covers both
 
     out = tmp_path / "final.pt"
     second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
