@@ -157,7 +157,8 @@ def export_zarr(
     becomes a hard link to it (no space, no copy; both tools replace files atomically
     rather than write into them, so the store's objects stay intact). Chunks packed with
     others or inline in the manifest, and every chunk where linking fails (another
-    file system, a remote store), are written as files, after being checked.
+    file system, a remote store), are written as files. Every chunk is checked against its
+    hash first, linked or not: a damaged object is an error, never a silent export.
     ``dest`` must not exist yet. Returns ``dest``.
     """
     ckpt = _as_store(store)
@@ -175,14 +176,15 @@ def export_zarr(
                 continue
             ref = entry.ref
             assert ref is not None and entry.array is not None
+            where = f"step {reader.step} tensor {entry.array!r} chunk {key}"
+            data = fetch_chunk(ckpt, reader.arrays[entry.array], ref, where)  # checked, linked or not
             if link and ref.object is not None and ref.offset is None and isinstance(ckpt.storage, LocalStorage):
                 try:
                     os.link(os.path.join(ckpt.storage.root, *object_key(ref.object).split("/")), path)
                     continue
                 except OSError:
                     pass  # another file system, or no hard links: copy
-            where = f"step {reader.step} tensor {entry.array!r} chunk {key}"
-            _write_file(path, fetch_chunk(ckpt, reader.arrays[entry.array], ref, where))
+            _write_file(path, data)
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -170,7 +170,7 @@ class StepReader:
             _check_chunks_present(path, entry, self.step)  # before allocating what the metadata claims
             out = (outs or {}).get(path)
             if out is None:
-                out = np.empty(out_shape, dtype=dt.numpy)
+                out = _allocate(out_shape, dt.numpy, f"step {self.step} tensor {path!r}")
             elif (
                 tuple(out.shape) != out_shape
                 or out.dtype.itemsize != dt.itemsize
@@ -298,6 +298,9 @@ class StepReader:
             decoded = memoryview(pipe.decode(stored, full, into=dst if whole else None)).cast("B")
         except ValueError as exc:
             raise CorruptObjectError(f"{where}: {exc}") from None
+        except MemoryError:
+            raise CorruptObjectError(f"{where}: a decoded chunk of {full} bytes does not fit in memory; "
+                                     "the manifest's shapes are not believable") from None
         if decoded.nbytes != full:
             raise CorruptObjectError(f"{where}: decoded to {decoded.nbytes} bytes, expected {full}")
         _check_raw(decoded, ref, where)
@@ -345,6 +348,11 @@ class StepReader:
         return self.manifests[rank]
 
 
+SPAN_SLACK = 1 << 20
+"""A pack's chunks are read in one range when it holds little else: at most twice their bytes
+plus this. A hostile manifest (offsets far apart) then cannot make one read ask for a petabyte."""
+
+
 def _pack_spans(jobs: list[tuple[Any, ...]]) -> dict[str, tuple[int, int]]:
     """For each pack that two or more of ``jobs`` read from: the byte range covering them."""
     spans: dict[str, list[int]] = {}
@@ -356,10 +364,22 @@ def _pack_spans(jobs: list[tuple[Any, ...]]) -> dict[str, tuple[int, int]]:
         lo, hi = ref.offset, ref.offset + ref.size
         have = spans.get(ref.object)
         if have is None:
-            spans[ref.object] = [lo, hi, 1]
+            spans[ref.object] = [lo, hi, 1, ref.size]
         else:
-            have[0], have[1], have[2] = min(have[0], lo), max(have[1], hi), have[2] + 1
-    return {name: (lo, hi) for name, (lo, hi, n) in spans.items() if n > 1}
+            have[0], have[1] = min(have[0], lo), max(have[1], hi)
+            have[2], have[3] = have[2] + 1, have[3] + ref.size
+    return {name: (lo, hi) for name, (lo, hi, n, size) in spans.items() if n > 1 and hi - lo <= 2 * size + SPAN_SLACK}
+
+
+def _allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
+    """``np.empty``, with a Ravex error when a manifest's shape is too large to believe."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as exc:
+        raise CorruptObjectError(
+            f"{where}: shape {list(shape)} of {dtype} cannot be allocated ({exc}); "
+            "the manifest's shapes are not believable"
+        ) from None
 
 
 def _check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:

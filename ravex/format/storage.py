@@ -140,8 +140,11 @@ class LocalStorage(Storage):
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         with open(self._path(key), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if start >= size:  # past the end reads nothing (seek past the file system's limit is EINVAL)
+                return b""
             f.seek(start)
-            return f.read(end - start)
+            return f.read(min(end, size) - start)
 
     def read_into(self, key: str, out: memoryview) -> int:
         with open(self._path(key), "rb", buffering=0) as f:

@@ -171,6 +171,28 @@ def test_huge_shape_is_refused_before_any_allocation(tmp_path):
     assert mem.peak < 4 << 20
 
 
+def test_huge_shape_with_a_matching_chunk_map_is_a_ravex_error(tmp_path):
+    """One chunk entry for a [10**9, 10**6] array: the grid checks pass, the allocation cannot."""
+    store = make_store(tmp_path / "s")
+    edit_manifest(store, lambda d: (w_entry(d)["zarr"].update(shape=[10**9, 10**6]),
+                                    w_entry(d)["zarr"]["chunk_grid"]["configuration"].update(
+                                        chunk_shape=[10**9, 10**6]),
+                                    w_entry(d).update(chunks={"c/0/0": w_entry(d)["chunks"]["c/0/0"]})))
+    with pytest.raises(CorruptObjectError, match=r"tensor 'w'.*not believable"):
+        open_store(store.url).read(2)
+
+
+def test_hostile_pack_offsets_do_not_make_one_huge_read(tmp_path):
+    """Two chunks of one pack, one moved to offset 10**15: read chunk by chunk, a clean error."""
+    store = make_store(tmp_path / "s", compression="none")
+    chunks = store.manifest(2, 0).arrays["w"].chunks
+    assert chunks["c/0/0"].offset is not None and chunks["c/0/0"].object == chunks["c/1/0"].object  # packed
+    edit_manifest(store, lambda d: w_entry(d)["chunks"]["c/1/0"].update(offset=10**15))
+    with peak_memory() as mem, pytest.raises(CorruptObjectError, match=r"tensor 'w' chunk c/1/0: .*gave 0 bytes"):
+        open_store(store.url).read(2)
+    assert mem.peak < 16 << 20, mem.peak
+
+
 @pytest.mark.parametrize("compression", ["zstd", "blosc"])
 def test_decompression_bomb_is_refused_without_allocating_it(tmp_path, compression):
     """A chunk whose stored bytes decode to 64 MiB where its shape allows 64 KiB, in an object
