@@ -237,13 +237,14 @@ class ZarrBackend(CheckpointBackend):
     def _write_refs(self, step: int) -> None:
         """Rank 0 writes ``refs.json`` of the multi-rank steps it has seen complete (a step
         completes when its slowest rank commits: a pending one is retried next time)."""
-        from ravex.format import write_refs
+        from ravex.format.refs import refs_worth_writing, write_refs
 
         self._refs_pending = [*self._refs_pending[-7:], step]
         for pending in list(self._refs_pending):
             try:
                 if self.store.step_info(pending).complete:
-                    write_refs(self.store, pending)
+                    if refs_worth_writing(self.store, pending):
+                        write_refs(self.store, pending)
                     self._refs_pending.remove(pending)
             except Exception as exc:  # the step is readable without it
                 logger.warning("ravex: refs.json of step %d not written: %s", pending, exc)

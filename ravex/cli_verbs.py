@@ -496,11 +496,11 @@ def _step_list(steps: list[int]) -> str:
     return f"({shown}) "
 
 
-EXPORT_FORMATS = ("safetensors", "pt", "zarr")
+EXPORT_FORMATS = ("safetensors", "pt", "zarr", "refs")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export a step as safetensors, a torch .pt file, or a plain Zarr group."""
+    """Export a step as safetensors, a torch .pt file, a plain Zarr group, or fsspec references."""
     reader = open_step_for(args.step)
     try:
         exporter = _exporter(args.format)
@@ -527,6 +527,7 @@ def _exporter(fmt: str) -> Callable[[StepReader, str], Any]:
     module_name, func_name = {
         "safetensors": ("ravex.format.export", "export_safetensors"),
         "zarr": ("ravex.format.export", "export_zarr"),
+        "refs": ("ravex.format.refs", "export_refs"),
         "pt": ("ravex._export_torch", "export_pt"),
     }[fmt]
     func = getattr(importlib.import_module(module_name), func_name)
@@ -612,7 +613,7 @@ def _add_export(sub: Any) -> None:
     p = _add(sub, "export", cmd_export)
     p.add_argument("step", metavar="STEP", help="step_100, 100, latest or STORE@step_100")
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS)
-    p.add_argument("out", metavar="OUT", help="output file (safetensors, pt) or directory (zarr)")
+    p.add_argument("out", metavar="OUT", help="output file (safetensors, pt, refs) or directory (zarr)")
     _json_arg(p)
 
 

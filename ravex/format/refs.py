@@ -14,26 +14,40 @@ reader anywhere else passes the store's location::
 
 The file is derived from the manifests; it adds nothing they do not say, so a
 missing or stale ``refs.json`` never makes a step unreadable by Ravex.
+
+Writers add it to a step on their own only while it stays small beside the step
+(:func:`refs_worth_writing`): a table checkpointed in 2 KiB chunks would otherwise write
+~105 bytes of ``refs.json`` per chunk, 40 MiB per commit of a 768 MiB embedding table,
+more than the rows that changed. ``ravex export STEP --format refs OUT`` writes it for
+any step on demand.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
+from .dtypes import data_type
 from .names import object_key, step_dir
 from .zarr_store import step_keys
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
 
-__all__ = ["REFS_NAME", "refs_key", "step_refs", "write_refs"]
+__all__ = ["REFS_NAME", "export_refs", "refs_key", "refs_worth_writing", "step_refs", "write_refs"]
 
 REFS_NAME = "refs.json"
 #: The template naming the store root inside ``refs.json``.
 ROOT_TEMPLATE = "u"
 _OBJECT_URL = "{{u}}/"
+#: A writer adds ``refs.json`` by itself to a step of at most this many chunk entries ...
+AUTO_ALWAYS_ENTRIES = 4096
+#: ... or where ~128 bytes per entry stay within this share of the step's logical bytes
+#: (mean chunk >= 12.8 KiB: every dense model at the default 16 MiB chunks).
+AUTO_MAX_SHARE = 0.01
+_BYTES_PER_ENTRY = 128
 
 
 def refs_key(step: int) -> str:
@@ -61,6 +75,31 @@ def step_refs(store: CheckpointStore, step: int | str, root: str = ".") -> dict[
             assert ref.object is not None
             refs[key] = [_OBJECT_URL + object_key(ref.object), ref.offset or 0, ref.size]
     return {"version": 1, "templates": {ROOT_TEMPLATE: root}, "refs": refs}
+
+
+def refs_worth_writing(store: CheckpointStore, step: int | str) -> bool:
+    """Whether a writer should add ``refs.json`` to ``step`` unasked (see the module doc)."""
+    reader = store.open_step(step)
+    entries = sum(len(entry.chunks) for entry in reader.arrays.values())
+    logical = sum(math.prod(e.shape) * data_type(e.data_type).itemsize for e in reader.arrays.values())
+    return entries <= AUTO_ALWAYS_ENTRIES or entries * _BYTES_PER_ENTRY <= AUTO_MAX_SHARE * logical
+
+
+def export_refs(store: CheckpointStore, dest: str, step: int | str = "latest") -> str:
+    """Write a step's reference document to the local file ``dest`` (which must not exist).
+
+    Its ``{{u}}`` template records ``"."``; a reader passes the store's location (module doc).
+    """
+    import os
+
+    if os.path.exists(dest):
+        raise FileExistsError(f"export destination {dest!r} already exists; choose a new path")
+    data = json.dumps(step_refs(store, store.resolve_step(step)), separators=(",", ":"), sort_keys=True)
+    tmp = f"{dest}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(data + "\n")
+    os.replace(tmp, dest)
+    return dest
 
 
 def write_refs(store: CheckpointStore, step: int | str) -> str:

@@ -32,7 +32,7 @@ from .errors import RavexError, UnsupportedValueError
 from .hashing import digest
 from .manifest import ArrayEntry, ChunkRef, Manifest
 from .names import escape_key, manifest_key, object_key
-from .refs import write_refs
+from .refs import refs_worth_writing, write_refs
 from .values import encode_value
 
 if TYPE_CHECKING:
@@ -345,7 +345,8 @@ class StepWriter:
             # chunk entry: seconds for a table in small chunks.
             self.store._remember(manifest)
             try:
-                write_refs(self.store, step)
+                if refs_worth_writing(self.store, step):
+                    write_refs(self.store, step)
             except (RavexError, OSError) as exc:  # the step is complete and readable without it
                 logger.warning("ravex: step %d is complete but its refs.json was not written: %s", step, exc)
         ended = time.perf_counter()

@@ -123,3 +123,34 @@ def test_store_on_an_fsspec_url():
         "fo": f"{root}/steps/3/refs.json", "template_overrides": {"u": root}})
     assert same(group["w"][...], whole) and same(group["small"][...], np.arange(5))
     assert same(zarr.open_group(store=StepStore(root), mode="r")["w"][1], whole[1])
+
+
+def test_small_chunk_steps_get_refs_only_on_demand(tmp_path):
+    """A table in 2 KiB chunks: the writer leaves refs.json out (it would outweigh the rows that
+    change); ``ravex export --format refs`` writes it, and stock zarr reads the step through it."""
+    import zarr
+
+    from ravex.cli import main
+    from ravex.format.refs import AUTO_ALWAYS_ENTRIES
+
+    root = tmp_path / "s"
+    store = open_store(root, create=True)
+    table = np.arange(8192 * 64, dtype=np.float32).reshape(8192, 64)  # 256 B rows, 8 rows per chunk
+    dense = np.ones((512, 512), np.float32)
+    with store.writer() as w:
+        w.commit(1, {"table": table, "dense": dense}, chunk_bytes={"table": 2048})
+        w.commit(2, {"dense": dense})
+    assert len(store.manifest(1, 0).arrays["table"].chunks) == 1024 > 0
+    assert 1024 + 1 <= AUTO_ALWAYS_ENTRIES  # below the count: written whatever the chunk size
+    assert (root / refs_key(1)).exists() and (root / refs_key(2)).exists()
+
+    big = np.arange(65536 * 64, dtype=np.float32).reshape(65536, 64)  # 8192 chunks of 2 KiB
+    with store.writer() as w:
+        w.commit(3, {"table": big}, chunk_bytes={"table": 2048})
+    assert not (root / refs_key(3)).exists()  # ~1 MiB of refs for 16 MiB of rows: left out
+    out = tmp_path / "step3.refs.json"
+    assert main(["export", f"{root}@3", "--format", "refs", str(out)]) == 0
+    group = zarr.open_group("reference://", mode="r", storage_options={
+        "fo": str(out), "template_overrides": {"u": str(root)}})
+    assert same(group["table"][...], big)
+    assert main(["export", f"{root}@3", "--format", "refs", str(out)]) == 2  # never overwrites
