@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .codecs import pipeline
+from .codecs import Pipeline, pipeline
 from .dtypes import data_type
 from .errors import ArrayNotFoundError, CorruptObjectError, ManifestError
 from .hashing import digest
@@ -185,8 +185,9 @@ class StepReader:
             if out.size == 0:
                 continue
             dst = memoryview(out.reshape(-1).view(np.uint8))
+            pipe = pipeline(entry.codecs, f"step {self.step} tensor {path!r}")  # once per array, not per chunk
             if not shape:
-                jobs.append((path, entry, "c", 0, dt.itemsize, dst, 0))
+                jobs.append((path, entry, "c", 0, dt.itemsize, dst, 0, pipe))
                 continue
             row_bytes = math.prod(shape[1:]) * dt.itemsize
             crow = entry.chunk_shape[0]
@@ -202,6 +203,7 @@ class StepReader:
                         (hi - lo) * row_bytes,  # bytes wanted
                         dst[(lo - start) * row_bytes : (hi - start) * row_bytes],
                         crow * row_bytes,  # full decoded chunk size
+                        pipe,
                     )
                 )
         spans = _pack_spans(jobs)
@@ -276,6 +278,7 @@ class StepReader:
         length: int,
         dst: memoryview,
         full: int,
+        pipe: Pipeline,
         packs: dict[str, tuple[int, bytes | None]] | None = None,
     ) -> None:
         """Fetch one chunk, check it against its ``raw`` digest, copy the wanted bytes to ``dst``."""
@@ -284,7 +287,6 @@ class StepReader:
         if ref is None:
             raise CorruptObjectError(f"{where}: no manifest entry for this chunk; the step is incomplete")
         full = full or length
-        pipe = pipeline(entry.codecs, where)
         if ref.inline is not None:
             stored: bytes | memoryview = ref.inline
         elif ref.offset is None and pipe.compressor is None and offset == 0 and length == full == ref.size:
@@ -396,12 +398,22 @@ def _check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
     if (
         any(c <= 0 for c in chunk_shape)
         or len(entry.chunks) != expected
-        or not all(_in_grid(key, grid) for key in entry.chunks)  # same count, all in the grid: exactly the grid
+        or not _exactly_the_grid(entry.chunks, grid)
     ):
         raise CorruptObjectError(
             f"step {step} tensor {path!r}: {len(entry.chunks)} chunk entries for a grid of {expected} "
             f"(shape {list(shape)}, chunks {list(chunk_shape)}); the manifest is inconsistent"
         )
+
+
+def _exactly_the_grid(chunks: dict[str, Any], grid: list[int]) -> bool:
+    """Whether the chunk keys (as many as the grid has cells) are the grid's keys."""
+    if not grid:  # a scalar: one chunk, key "c"
+        return list(chunks) == ["c"]
+    if all(g == 1 for g in grid[1:]):  # chunked along dim 0 only: build the keys
+        tail = "/0" * (len(grid) - 1)
+        return all(f"c/{i}{tail}" in chunks for i in range(grid[0]))
+    return all(_in_grid(key, grid) for key in chunks)  # same count, all in the grid: exactly the grid
 
 
 def _in_grid(key: str, grid: list[int]) -> bool:
