@@ -64,3 +64,16 @@ def make_venv(directory: Path, enable: bool = True) -> str:
 def enabled_python(tmp_path_factory) -> str:
     """A session-wide throwaway venv with the autoloader installed."""
     return make_venv(tmp_path_factory.mktemp("enabled-venv"))
+
+
+@pytest.fixture
+def ravex_clean(monkeypatch, tmp_path):
+    """No RAVEX_* variable, no stray ravex.yaml (cwd is tmp_path), and no runtime left behind."""
+    import ravex
+
+    for key in list(os.environ):
+        if key.startswith("RAVEX_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    yield
+    ravex.deactivate()

@@ -21,15 +21,7 @@ from ravex._registry import Registry
 from ravex.errors import RestoreError
 from ravex.format import open_store
 
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith("RAVEX_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)  # no stray ravex.yaml
-    yield
-    ravex.deactivate()
+pytestmark = pytest.mark.usefixtures("ravex_clean")
 
 
 WIDTH = 512  # 1 MiB per weight matrix: a full-size temporary would show

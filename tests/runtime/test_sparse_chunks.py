@@ -21,14 +21,7 @@ from ravex.format import open_store
 ROWS, DIM, HOT, STEPS = 8192, 64, 82, 6  # 82 rows = 1% of the table per step
 
 
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith("RAVEX_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)  # no stray ravex.yaml
-    yield
-    ravex.deactivate()
+pytestmark = pytest.mark.usefixtures("ravex_clean")
 
 
 class Recommender(nn.Module):
