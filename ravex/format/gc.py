@@ -12,19 +12,29 @@ names) survives. Objects the writer stores anew are younger than the grace
 period until its manifest names them (a commit must finish within the grace),
 and an object a writer stores anew is always rewritten, never skipped because it
 exists, so its age restarts.
+
+Requests (an object store bills and delays each): one recursive listing of ``steps/``
+gives every step's files, ranks and age at once; completeness is read only for the
+steps the policy has to look at (from the newest down; a step below the newest complete
+one that no policy could keep is deleted unread); the doomed steps' files go in one
+``delete`` call; ``steps/`` is listed a second time only when something was deleted
+(phase 3 of the spec; when nothing was, the first listing, taken after ``t0``, is that
+listing); then one listing of ``objects/``. With ``keep_last`` over S3 that is 3 LIST
+requests per call, where listing each step's folder cost ~3 per step.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import RavexError
-from .names import is_decimal, object_key
+from .names import object_key
 
 if TYPE_CHECKING:
-    from .store import CheckpointStore
+    from .store import CheckpointStore, StepFiles, StepInfo
 
 
 @dataclass
@@ -46,24 +56,55 @@ class GCReport:
 
 
 def retained_steps(
-    infos: list, keep_last: int | None, keep_every: int | None, grace_seconds: float, now: float, ages: dict[int, float]
+    infos: list[StepInfo],
+    keep_last: int | None,
+    keep_every: int | None,
+    grace_seconds: float,
+    now: float,
+    ages: dict[int, float],
 ) -> set[int]:
     """The steps a retention policy keeps. ``None`` for both policies keeps every complete step."""
-    complete = [i.step for i in infos if i.complete]
-    newest = complete[-1] if complete else -1
-    keep: set[int] = set()
+    complete = {i.step for i in infos if i.complete}
+    return _retained(sorted(i.step for i in infos), complete.__contains__, keep_last, keep_every,
+                     grace_seconds, now, ages)
+
+
+def _retained(
+    steps: list[int],
+    is_complete: Callable[[int], bool],
+    keep_last: int | None,
+    keep_every: int | None,
+    grace_seconds: float,
+    now: float,
+    ages: dict[int, float],
+) -> set[int]:
+    """:func:`retained_steps` over ascending ``steps``, asking ``is_complete`` only about the
+    steps whose fate depends on it: from the newest down to the newest complete one, then the
+    ones a policy could keep. A step with no age in ``ages`` counts as young (just created)."""
+    newest = next((s for s in reversed(steps) if is_complete(s)), None)
+    if newest is None:
+        below: list[int] = []
+        above = steps
+        keep: set[int] = set()
+    else:
+        i = steps.index(newest)
+        below, above = steps[:i], steps[i + 1 :]
+        keep = {newest}
+    for step in above:  # incomplete, and newer than the newest complete step: may be in flight
+        if now - ages.get(step, now) < grace_seconds:
+            keep.add(step)
     if keep_last is None and keep_every is None:
-        keep.update(complete)
-    if keep_last:
-        keep.update(complete[-keep_last:])
+        keep.update(s for s in below if is_complete(s))
+    if keep_last and keep_last > 1:
+        wanted = keep_last - 1  # the newest is the first
+        for step in reversed(below):
+            if wanted == 0:
+                break
+            if is_complete(step):
+                keep.add(step)
+                wanted -= 1
     if keep_every:
-        keep.update(s for s in complete if s % keep_every == 0)
-    if newest >= 0:
-        keep.add(newest)
-    for info in infos:
-        # steps newer than the newest complete one may be in flight: kept until stale
-        if not info.complete and info.step > newest and now - ages.get(info.step, now) < grace_seconds:
-            keep.add(info.step)
+        keep.update(s for s in below if s % keep_every == 0 and is_complete(s))
     return keep
 
 
@@ -82,32 +123,37 @@ def gc(
     if not (isinstance(grace_seconds, (int, float)) and grace_seconds >= 0):  # NaN fails this too
         # a negative or NaN grace would delete a concurrent writer's objects before its manifest lands
         raise ValueError(f"grace_seconds={grace_seconds!r} must be a number of seconds >= 0")
-    now = time.time()
+    now = time.time()  # t0, taken before the listing
     report = GCReport(dry_run=dry_run)
-    infos = store.steps()
-    ages = _step_mtimes(store)
-    keep = retained_steps(infos, keep_last, keep_every, grace_seconds, now, ages)
-    for info in infos:
-        if info.step in keep:
-            report.kept_steps.append(info.step)
-        else:
-            report.deleted_steps.append(info.step)
-            if not dry_run:
-                store.delete_step(info.step)
+    listing = store.list_steps()
+    infos: dict[int, StepInfo] = {}
+
+    def is_complete(step: int) -> bool:
+        if step not in infos:
+            infos[step] = store.step_info(step, listing[step].ranks)
+        return infos[step].complete
+
+    ages = {s: f.mtime for s, f in listing.items() if f.mtime is not None}
+    keep = _retained(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
+    for step in listing:
+        (report.kept_steps if step in keep else report.deleted_steps).append(step)
+    if report.deleted_steps and not dry_run:
+        store.delete_steps({s: listing[s].files for s in report.deleted_steps})
+        # Phase 3 lists again: whatever landed since the first listing is read too.
+        listing = store.list_steps()
+    survivors = [f for s, f in listing.items() if not (dry_run and s in report.deleted_steps)]
 
     referenced: set[str] = set()
-    for step in store.step_numbers():  # listed again, after the deletions
-        if dry_run and step in report.deleted_steps:
-            continue
-        for name in store.storage.list_dir(f"steps/{step}"):
-            if not (name.startswith("rank-") and name.endswith(".json")):
-                continue
+    for files in survivors:
+        for name, rank in _manifest_names(files):
             try:
-                m = store.manifest(step, int(name[5:-5]))
+                if rank is None:
+                    raise ValueError("not a manifest name the layout writes (rank-<r>.json)")
+                m = store.manifest(files.step, rank)
             except (RavexError, OSError, ValueError) as exc:
                 # A manifest we cannot read may still name objects (a transient read error,
                 # a manifest from a newer writer): collecting now could delete a kept step.
-                report.skipped_objects_because = f"step {step} {name}: {exc}"
+                report.skipped_objects_because = f"step {files.step} {name}: {exc}"
                 return report
             for entry in m.arrays.values():
                 referenced.update(c.object for c in entry.chunks.values() if c.object)
@@ -127,12 +173,8 @@ def gc(
     return report
 
 
-def _step_mtimes(store: CheckpointStore) -> dict[int, float]:
-    """Newest manifest mtime per step (how long ago a step last saw a writer)."""
-    ages: dict[int, float] = {}
-    for obj in store.storage.walk("steps"):
-        parts = obj.key.split("/")
-        if len(parts) == 3 and is_decimal(parts[1]):
-            step = int(parts[1])
-            ages[step] = max(ages.get(step, 0.0), obj.mtime)
-    return ages
+def _manifest_names(files: StepFiles) -> list[tuple[str, int | None]]:
+    """``(name, rank)`` of every ``rank-*.json`` in a step folder; rank None where the name is not
+    one the layout writes (``rank-01.json``): GC must not guess what such a file names."""
+    valid = {f"rank-{r}.json": r for r in files.ranks}
+    return [(n, valid.get(n)) for n in files.files if n.startswith("rank-") and n.endswith(".json")]

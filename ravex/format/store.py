@@ -49,6 +49,16 @@ class StepInfo:
     problem: str | None = None  # why it is not complete, for validate and ls
 
 
+@dataclass(frozen=True)
+class StepFiles:
+    """One step's folder as a single listing of ``steps/`` saw it (:meth:`CheckpointStore.list_steps`)."""
+
+    step: int
+    files: tuple[str, ...]  # every name in the folder (manifests, refs.json, temp files), sorted
+    ranks: tuple[int, ...]  # ranks whose manifest is among ``files``, ascending
+    mtime: float | None  # the newest file's modification time; None for an empty folder
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -76,13 +86,36 @@ class CheckpointStore:
         """Every step with a folder, complete or not, ascending."""
         return sorted(int(n) for n in self.storage.list_dir("steps") if is_decimal(n))
 
-    def step_info(self, step: int) -> StepInfo:
-        """Completeness of one step: lists its folder and reads one manifest."""
-        ranks = sorted(
-            int(m.group(1))
-            for m in map(_MANIFEST_NAME.match, self.storage.list_dir(step_dir(step)))
-            if m
-        )
+    def list_steps(self) -> dict[int, StepFiles]:
+        """Every step folder with its files, ranks and newest mtime, from one recursive listing
+        of ``steps/`` (one LIST request per 1000 files on an object store, where listing each
+        step's folder costs one per step). Nothing is read. GC uses it for all it decides."""
+        found: dict[int, dict[str, float]] = {}
+        for obj in self.storage.walk("steps"):
+            parts = obj.key.split("/")
+            if len(parts) == 3 and parts[0] == "steps" and is_decimal(parts[1]):
+                found.setdefault(int(parts[1]), {})[parts[2]] = obj.mtime
+        if isinstance(self.storage, LocalStorage):  # an empty folder holds no file for the walk to see
+            for name in self.storage.list_dir("steps"):
+                if is_decimal(name):
+                    found.setdefault(int(name), {})
+        out = {}
+        for step in sorted(found):
+            files = found[step]
+            ranks = sorted(int(m.group(1)) for m in map(_MANIFEST_NAME.match, files) if m)
+            out[step] = StepFiles(step, tuple(sorted(files)), tuple(ranks), max(files.values(), default=None))
+        return out
+
+    def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
+        """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
+        listing found there) and reads its manifests (cached once the step is complete)."""
+        if ranks is None:
+            ranks = [
+                int(m.group(1))
+                for m in map(_MANIFEST_NAME.match, self.storage.list_dir(step_dir(step)))
+                if m
+            ]
+        ranks = sorted(ranks)
         if not ranks:
             return StepInfo(step, None, (), False, "no manifest")
         try:
@@ -240,11 +273,17 @@ class CheckpointStore:
 
     def delete_step(self, step: int) -> None:
         """Delete every manifest (and leftover temp file) of a step. Objects stay for GC."""
-        folder = step_dir(step)
-        self.storage.delete(f"{folder}/{n}" for n in self.storage.list_dir(folder))
-        self.forget(step)
-        if isinstance(self.storage, LocalStorage):
-            self.storage.remove_empty_dir(folder)
+        self.delete_steps({step: self.storage.list_dir(step_dir(step))})
+
+    def delete_steps(self, files: dict[int, tuple[str, ...] | list[str]]) -> None:
+        """Delete the named files of each step (as :meth:`list_steps` found them), in one
+        ``delete`` call: one request per 1000 keys on S3, where a call per step costs one
+        each. Objects stay for GC."""
+        self.storage.delete(f"{step_dir(step)}/{n}" for step, names in files.items() for n in names)
+        for step in files:
+            self.forget(step)
+            if isinstance(self.storage, LocalStorage):
+                self.storage.remove_empty_dir(step_dir(step))
 
 
 def _missing_ranks(ranks: list[int], world: int, show: int = 8) -> str:
