@@ -371,15 +371,52 @@ def find_config_file(cwd: str | None = None) -> str | None:
 def _read_yaml(path: str) -> dict[str, Any]:
     import yaml
 
+    fix = "fix the YAML at that line or delete the file"
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist (named by {CONFIG_ENV}?)") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, col = _line_col(raw, exc.start, b"\n")
+        raise ConfigError(f"{path}:{line}:{col}: not valid UTF-8 (byte 0x{raw[exc.start]:02x}); {fix}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{path}:{_yaml_problem(exc, text)}; {fix}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of options, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: Exception, text: str) -> str:
+    """``2:10: not valid YAML: <problem> (<context> at 1:10)``, to follow ``path:``. PyYAML's own
+    message is several lines (problem, context, an excerpt with a caret) and its first line alone
+    says neither where nor what; keep the 1-based line:column, the problem and its context."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None and hasattr(exc, "position"):  # ReaderError: a character YAML does not allow
+        line, col = _line_col(text, exc.position, "\n")
+        where = f"{line}:{col}"
+        char = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        problem = f"unacceptable character #x{char:04x}: {exc.reason}" if isinstance(char, int) else None
+    else:
+        where = f"{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    what = " ".join(str(problem or exc).split())
+    context = getattr(exc, "context", None)
+    if context:
+        cmark = getattr(exc, "context_mark", None)
+        same = mark is not None and cmark is not None and (cmark.line, cmark.column) == (mark.line, mark.column)
+        at = f" at {cmark.line + 1}:{cmark.column + 1}" if cmark is not None and not same else ""
+        what += f" ({' '.join(str(context).split())}{at})"
+    return f"{where}: not valid YAML: {what}" if where else f" not valid YAML: {what}"
+
+
+def _line_col(text: str | bytes, offset: int, newline: str | bytes) -> tuple[int, int]:
+    """1-based line and column of ``offset`` in ``text``."""
+    start = text.rfind(newline, 0, offset) + 1
+    return text.count(newline, 0, offset) + 1, offset - start + 1

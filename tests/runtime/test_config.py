@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ravex._config import RavexConfig
@@ -63,6 +65,39 @@ def test_bad_values_are_one_line_errors(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match) as info:
         RavexConfig.load(path=path, environ={})
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "data,where,what",
+    [
+        # the problem is on line 2 (the ':' after keep_last), its context on line 1
+        (b"storage: [unclosed\nkeep_last: 3\n", "2:10",
+         r"expected ',' or '\]', but got ':' \(while parsing a flow sequence at 1:10\)"),
+        (b"storage: ./a\n  keep_last: 3\n", "2:12", "mapping values are not allowed here"),
+        (b"storage: ./a\nnote: 'open\n", "3:1",
+         r"found unexpected end of stream \(while scanning a quoted scalar at 2:7\)"),
+        (b"storage: ./a\nx: !!python/object:os.system ls\n", "2:4", "could not determine a constructor for the tag"),
+        (b"storage: ./a\nnote: \x07\n", "2:7", "unacceptable character #x0007: special characters are not allowed"),
+    ],
+)
+def test_malformed_yaml_names_file_line_and_column(tmp_path, data, where, what):
+    path = tmp_path / "ravex.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        RavexConfig.load(path=str(path), environ={})
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert re.fullmatch(rf"{re.escape(str(path))}:{where}: not valid YAML: {what}.*; "
+                        r"fix the YAML at that line or delete the file", message), message
+
+
+def test_ravex_yaml_that_is_not_utf8_names_the_byte(tmp_path):
+    path = tmp_path / "ravex.yaml"
+    path.write_bytes(b"storage: ./a\nnote: caf\xe9\n")
+    with pytest.raises(ConfigError) as info:
+        RavexConfig.load(path=str(path), environ={})
+    assert str(info.value) == (f"{path}:2:10: not valid UTF-8 (byte 0xe9); "
+                               "fix the YAML at that line or delete the file")
 
 
 def test_env_values_are_parsed_and_validated():

@@ -73,7 +73,8 @@ def test_malformed_yaml_is_exit_2_in_a_real_process(cli, tmp_path):
     (tmp_path / "ravex.yaml").write_text("storage: [unclosed\nkeep_last: 3\n")
     r = cli("status")
     assert r.rc == 2, r
-    assert one_line(r.err).startswith("ravex: ") and "ravex.yaml: not valid YAML: " in r.err
+    assert one_line(r.err).startswith("ravex: ") and "ravex.yaml:2:10: not valid YAML: expected ',' or ']'" in r.err
+    assert r.err.rstrip().endswith("; fix the YAML at that line or delete the file"), r.err
     # the inspector verbs read ravex.yaml for the default STORE: the same file is exit 2 there too
     r = cli("ls")
     assert r.rc == 2, r
