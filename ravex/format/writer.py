@@ -36,6 +36,7 @@ from .refs import refs_worth_writing, write_refs
 from .values import encode_value
 
 if TYPE_CHECKING:
+    from .storage import PendingWrite
     from .store import CheckpointStore
 
 logger = logging.getLogger("ravex.format")
@@ -230,6 +231,7 @@ class StepWriter:
         base = self._base
         timings = _Timings()
         written: set[str] = set()
+        pending: list[PendingWrite] = []  # objects durable and visible only once published
         lock = threading.Lock()
 
         def run_chunk(arr: _PlannedArray, pipe: Any, raw: memoryview, t: list[float]) -> tuple[ChunkRef | _Small, bool]:
@@ -260,7 +262,10 @@ class StepWriter:
                 fresh = name not in written
                 written.add(name)
             if fresh:
-                self.store.storage.write(object_key(name), stored)
+                handle = self.store.storage.write_pending(object_key(name), stored)
+                if handle is not None:
+                    with lock:
+                        pending.append(handle)
             t4 = time.perf_counter()
             t[0] += t3 - t2
             t[2] += t4 - t3
@@ -296,6 +301,7 @@ class StepWriter:
             for _, _, fut in jobs:
                 fut.cancel()
             wait([fut for _, _, fut in jobs])
+            self.store.storage.discard(pending)
             raise
         for arr, key, (ref, fresh) in results:
             stats.chunks += 1
@@ -311,9 +317,16 @@ class StepWriter:
             else:
                 stats.reused_chunks += 1
                 stats.reused_bytes += ref.size
-        for (path, key), ref in self._write_packs(small, timings).items():
-            chunk_maps[path][key] = ref
-            stats.new_chunks += 1
+        try:
+            for (path, key), ref in self._write_packs(small, timings, pending).items():
+                chunk_maps[path][key] = ref
+                stats.new_chunks += 1
+            t_publish = time.perf_counter()
+            self.store.storage.publish(pending)  # one batch of fsyncs, then the names appear
+            timings.add(write=time.perf_counter() - t_publish)
+        except BaseException:
+            self.store.storage.discard(pending)
+            raise
         stats.new_bytes += sum(len(s.data) for s in {s.identity: s for _, _, s in small}.values())
         stats.logical_bytes = sum(a.logical_bytes for a in planned.values())
 
@@ -360,7 +373,9 @@ class StepWriter:
         }
         return stats
 
-    def _write_packs(self, small: list[tuple[str, str, _Small]], timings: _Timings) -> dict[tuple[str, str], ChunkRef]:
+    def _write_packs(
+        self, small: list[tuple[str, str, _Small]], timings: _Timings, pending: list[PendingWrite]
+    ) -> dict[tuple[str, str], ChunkRef]:
         """Pack small new chunks into objects of about PACK_TARGET_BYTES, written in parallel.
 
         Thousands of small tensors (biases, norms) would otherwise be thousands of tiny
@@ -382,11 +397,16 @@ class StepWriter:
             t0 = time.perf_counter()
             name = digest(data)
             t1 = time.perf_counter()
-            self.store.storage.write(object_key(name), data)
+            handle = self.store.storage.write_pending(object_key(name), data)
             timings.add(hash=t1 - t0, write=time.perf_counter() - t1)
-            return name
+            return name, handle
 
-        names = list(self._pool.map(write_pack, packs))
+        futures = [self._pool.submit(write_pack, data) for data in packs]
+        wait(futures)  # every pack's temp file known to ``pending`` before an error propagates
+        for fut in futures:
+            if fut.exception() is None and fut.result()[1] is not None:
+                pending.append(fut.result()[1])
+        names = [fut.result()[0] for fut in futures]
         for path, key, chunk in small:
             index, offset = placed[chunk.identity]
             refs[(path, key)] = ChunkRef(raw=chunk.raw, size=len(chunk.data), object=names[index], offset=offset)

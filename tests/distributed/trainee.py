@@ -69,7 +69,7 @@ def install_write_block(n: int, rank: int) -> None:
 
     seen: set[str] = set()
     never = threading.Event()
-    original = LocalStorage.write
+    original, original_pending = LocalStorage.write, LocalStorage.write_pending
 
     def write(self, key, data):
         original(self, key, data)
@@ -79,7 +79,15 @@ def install_write_block(n: int, rank: int) -> None:
             say(f"IN-WRITE {rank}")
             never.wait()
 
+    def write_pending(self, key, data):  # chunk objects: fsync'd and renamed at publish
+        handle = original_pending(self, key, data)
+        if len(seen) == n - 1:
+            say(f"IN-WRITE {rank}")
+            never.wait()
+        return handle
+
     LocalStorage.write = write
+    LocalStorage.write_pending = write_pending
 
 
 def caught_sigterm() -> threading.Event:

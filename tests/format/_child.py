@@ -87,14 +87,26 @@ def run_writer(argv: list[str]) -> None:
     store = open_store(url)
     if "--trace" in argv:
         storage = store.storage
-        orig = storage.write
+        orig, orig_pending, orig_publish = storage.write, storage.write_pending, storage.publish
 
         def write(key: str, data: object) -> None:
             emit(f"write {key}")
             orig(key, data)
             emit(f"wrote {key}")
 
-        storage.write = write  # the child's own progress report, through the storage seam
+        def write_pending(key: str, data: object) -> object:
+            emit(f"write {key}")
+            handle = orig_pending(key, data)
+            emit(f"wrote {key}")  # (a temp file: fsync'd and renamed into place at publish)
+            return handle
+
+        def publish(pending: list) -> None:
+            emit(f"publish {len(pending)}")
+            orig_publish(pending)
+            emit(f"published {len(pending)}")
+
+        # the child's own progress report, through the storage seam
+        storage.write, storage.write_pending, storage.publish = write, write_pending, publish
 
     if "--block" in argv:  # block (until killed) before the N-th rename of a finished file
         rule, _, n = argv[argv.index("--block") + 1].partition(":")

@@ -88,6 +88,8 @@ def tree_bytes(root: str | os.PathLike[str]) -> int:
 # ---- counting calls through the storage seam ----------------------------------------------
 
 READ_METHODS = ("read", "read_into", "read_range", "exists", "size", "list_dir", "walk")
+#: Every way bytes reach storage (a commit writes its chunk objects pending, then publishes them).
+WRITE_METHODS = ("write", "write_pending")
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-from fmt_helpers import assert_metadata_only, assert_same, counting
+from fmt_helpers import WRITE_METHODS, assert_metadata_only, assert_same, counting
 
 from ravex.format import StoreNotFoundError, open_store
 from ravex.format.storage import FsspecStorage, LocalStorage
@@ -68,7 +68,7 @@ def test_round_trip(url, compression):
     assert validate(url, full=True).findings == []
     # a new writer on the reopened store resumes deltas from the newest step
     with after.writer(compression=compression, chunk_bytes=256 << 10) as w:
-        with counting(after.storage, ("write",)) as writes:
+        with counting(after.storage, WRITE_METHODS) as writes:
             w.commit(5, state(4))
     assert_metadata_only(writes, 5)
     assert_same(open_store(url).read(5), state(4))

@@ -26,17 +26,34 @@ def state(seed: int) -> dict:
 
 
 class Recorder:
-    """Every write and sync of a Storage instance, in order, with the thread that made it."""
+    """Every write, pending write, publish and sync of a Storage instance, in order.
+
+    An object written with ``write_pending`` is recorded as written when it is published
+    (fsync'd and renamed into place): only then may a manifest name it."""
 
     def __init__(self, storage) -> None:
         self.events: list[tuple[str, str | None]] = []
         self.lock = threading.Lock()
         orig_write, orig_sync = storage.write, storage.sync
+        orig_pending, orig_publish = storage.write_pending, storage.publish
 
         def write(key, data):
             orig_write(key, data)
             with self.lock:
                 self.events.append(("write", key))
+
+        def write_pending(key, data):
+            handle = orig_pending(key, data)
+            with self.lock:
+                self.events.append(("pending", key))
+            return handle
+
+        def publish(pending):
+            orig_publish(pending)
+            with self.lock:
+                self.events.extend(("write", p.key) for p in pending)
+
+        storage.write_pending, storage.publish = write_pending, publish
 
         def sync():
             with self.lock:
@@ -75,6 +92,10 @@ def test_manifest_last_after_every_object_is_synced(tmp_path, rank, world, compr
         assert last_object < manifest_at
         assert ("sync", None) in events[last_object:manifest_at]
         assert ("sync", None) in events[manifest_at:]  # the manifest itself is made durable too
+        # nothing written pending stays unpublished
+        assert sorted(k for e, k in events if e == "pending") == sorted(
+            k for e, k in events if e == "write" and k.startswith("objects/"))
+        assert any(e == "pending" for e, _ in events)  # a local disk batches the objects' fsyncs
         # every object the manifest names exists once the manifest does
         doc = json.loads((tmp_path / "s" / manifest).read_text())
         for entry in doc["arrays"].values():

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fmt_helpers import assert_metadata_only, counting, object_calls, object_files, snapshot, tree_bytes
+from fmt_helpers import (
+    WRITE_METHODS,
+    assert_metadata_only,
+    counting,
+    object_calls,
+    object_files,
+    snapshot,
+    tree_bytes,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +48,7 @@ def test_unchanged_state_writes_zero_object_bytes(tmp_path, compression):
     with store.writer(compression=compression, chunk_bytes=CHUNK) as w:
         w.commit(1, state)
         before = snapshot(store.url)
-        with counting(store.storage, ("write",)) as writes:
+        with counting(store.storage, WRITE_METHODS) as writes:
             stats = w.commit(2, copy_tree(state))
     after = snapshot(store.url)
     assert after == before  # no object file added, removed or rewritten (inode and mtime unchanged)
@@ -128,7 +136,7 @@ def test_new_writer_reuses_from_newest_complete_step(tmp_path):
     assert len(before) > len(complete_only)  # step 3 did store objects of its own
     fresh = open_store(url)  # a new process would do exactly this
     with fresh.writer(chunk_bytes=CHUNK) as w:
-        with counting(fresh.storage, ("write",)) as writes:
+        with counting(fresh.storage, WRITE_METHODS) as writes:
             stats = w.commit(4, copy_tree(b))
     assert snapshot(url) == before
     assert_metadata_only(writes, 4)
@@ -195,14 +203,18 @@ def test_any_history_reads_back_and_writes_at_most_what_changed(tmp_path_factory
     store = open_store(root, create=True)
     prev: dict[str, np.ndarray] = {}
     sent = [0]  # object bytes handed to storage (a rewrite of an existing object counts too)
-    real_write = store.storage.write
+    real_write, real_pending = store.storage.write, store.storage.write_pending
 
     def write(key: str, data) -> None:
         if key.startswith("objects/"):
             sent[0] += memoryview(data).nbytes
         real_write(key, data)
 
-    store.storage.write = write
+    def write_pending(key: str, data):
+        sent[0] += memoryview(data).nbytes
+        return real_pending(key, data)
+
+    store.storage.write, store.storage.write_pending = write, write_pending
     with store.writer(chunk_bytes=1024, threads=2) as w:
         for step, state in enumerate(history, start=1):
             before, sent[0] = sum(s.st_size for s in object_files(root).values()), 0

@@ -65,6 +65,7 @@ def install_write_block(n: int) -> None:
     done: set[str] = set()  # steps whose manifest is written (refs.json may follow it)
     never = threading.Event()
     original_put = LocalStorage.write
+    original_pending = LocalStorage.write_pending
 
     def put(self, key, data):
         step = key.split("/")[1] if key.startswith("steps/") else None
@@ -81,7 +82,15 @@ def install_write_block(n: int) -> None:
             say(f"IN-WRITE after {key}")
             never.wait()
 
+    def put_pending(self, key, data):  # chunk objects: fsync'd and renamed at publish
+        handle = original_pending(self, key, data)
+        if len(done) == n - 1:
+            say(f"IN-WRITE after {key}")
+            never.wait()
+        return handle
+
     LocalStorage.write = put
+    LocalStorage.write_pending = put_pending
 
 
 class Noisy(Dataset):
