@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +21,6 @@ import torch.distributed.checkpoint as dcp
 
 from ravex.format import open_store
 from ravex.format.dtypes import data_type
-from ravex.format.storage import LocalStorage
 
 from .state import empty_like_tree, flatten
 from .util import fsync_path, fsync_tree
@@ -45,55 +42,10 @@ class Contender:
 # ---- Ravex -------------------------------------------------------------------------------
 
 
-class DeferredFsyncStorage(LocalStorage):
-    """PROTOTYPE of a fix proposed for ``ravex/format/storage.py`` (benchmarks only, not used by Ravex).
-
-    ``LocalStorage.write`` fsyncs every object before returning: one journal commit per 4 MiB
-    object. Here ``write`` only writes a temp file; ``sync`` (which the writer calls before it
-    writes a manifest) fsyncs all temp files in parallel, then renames them into place, then
-    fsyncs the folders. An object's name still appears only once its bytes are durable, so a
-    crash can never replace a durable object of an older step by a torn one; what the manifest
-    names is durable before the manifest is written, as before."""
-
-    def __init__(self, root: str, threads: int = 4) -> None:
-        super().__init__(root)
-        self._pending: list[tuple[str, str]] = []
-        self._threads = threads
-
-    def _write(self, key: str, data: bytes | memoryview) -> None:
-        path = self._path(key)
-        folder = os.path.dirname(path)
-        if folder not in self._made:
-            self._make_dirs(folder)
-        tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        with self._lock:
-            self._pending.append((tmp, path))
-            self._dirty.add(folder)
-
-    def sync(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        if pending:
-            with ThreadPoolExecutor(self._threads) as pool:
-                list(pool.map(fsync_path, [tmp for tmp, _ in pending]))
-            for tmp, path in pending:
-                os.replace(tmp, path)
-        super().sync()
-
-
 def ravex_save(tree_np: Any, path: str, compression: str, chunk_bytes: int | None = None,
-               threads: int | None = None, step: int = 1, deferred_fsync: bool = False) -> Any:
+               threads: int | None = None, step: int = 1) -> Any:
     """A fresh store, one commit (durable when it returns), writer closed: end to end."""
     store = open_store(path, create=True)
-    if deferred_fsync:
-        store.storage = DeferredFsyncStorage(path)
     with store.writer(compression=compression, chunk_bytes=chunk_bytes, threads=threads) as w:
         return w.commit(step, tree_np)
 
@@ -214,8 +166,4 @@ def build(state: Any, tree_np: Any, ravex_compressions: tuple[str, ...] = ("none
         out.append(
             Contender(f"ravex {c}", lambda p, c=c: commit_details(ravex_save(tree_np, p, c)), loads, peer=False)
         )
-    out.append(Contender(
-        "ravex none, fsyncs at commit end (prototype)",
-        lambda p: commit_details(ravex_save(tree_np, p, "none", deferred_fsync=True)), {}, peer=False,
-    ))
     return out

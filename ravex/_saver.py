@@ -52,9 +52,10 @@ def _copy_cpu(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy a CPU tensor on this thread only (``np.copyto``), whatever torch's thread count.
 
     ``Tensor.copy_`` splits a large copy across intra-op threads; on a busy machine the
-    training loop then waits on a descheduled thread (benchmarks/proto_stage.py: 3.7x a
-    bare copy, vs ~1.1x single-threaded). Tensors numpy cannot view (conjugate/negative
-    bits, dtypes without a numpy equivalent) fall back to ``copy_``.
+    training loop then waits on a descheduled thread (measured 2026-12-02 with the since
+    removed benchmarks/proto_stage.py: 3.7x a bare copy, vs ~1.1x single-threaded).
+    Tensors numpy cannot view (conjugate/negative bits, dtypes without a numpy
+    equivalent) fall back to ``copy_``.
     """
     if not (src.is_conj() or src.is_neg()):
         try:
