@@ -9,9 +9,18 @@ Torch-free: tensors arrive as numpy arrays (bfloat16 and float8 through
     ...     w.commit(100, {"model": {"w": np.ones((4, 4), "float32")}, "lr": 0.1})
     >>> store.read("latest")["lr"]
     0.1
+
+Importing the package is cheap: the errors and the spec version are loaded with it, every
+other name on first use (module ``__getattr__``), so ``import ravex.errors`` and a ``ravex``
+command that lists a store pay for neither zarr-python nor ``ml_dtypes``. Using
+:class:`StepStore` (or importing ``ravex.format.zarr_store``) imports zarr-python and teaches
+it the bfloat16 and float8 data types.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import SPEC_VERSION
 from .errors import (
@@ -25,13 +34,47 @@ from .errors import (
     UnsafeNameError,
     UnsupportedValueError,
 )
-from .export import export_safetensors, export_zarr
-from .reader import ArrayRef, StepReader
-from .refs import write_refs
-from .store import CheckpointStore, StepInfo, open_store
-from .tensorstore_spec import open_tensorstore, tensorstore_spec
-from .writer import ArrayShard, CommitStats, StepWriter
-from .zarr_store import StepStore  # importing it teaches zarr-python bfloat16 and float8
+
+if TYPE_CHECKING:
+    from .export import export_safetensors, export_zarr
+    from .reader import ArrayRef, StepReader
+    from .refs import write_refs
+    from .store import CheckpointStore, StepInfo, open_store
+    from .tensorstore_spec import open_tensorstore, tensorstore_spec
+    from .writer import ArrayShard, CommitStats, StepWriter
+    from .zarr_store import StepStore
+
+#: name -> the submodule that defines it, imported on first access
+_LAZY: dict[str, str] = {
+    "export_safetensors": "export",
+    "export_zarr": "export",
+    "ArrayRef": "reader",
+    "StepReader": "reader",
+    "write_refs": "refs",
+    "CheckpointStore": "store",
+    "StepInfo": "store",
+    "open_store": "store",
+    "open_tensorstore": "tensorstore_spec",
+    "tensorstore_spec": "tensorstore_spec",
+    "ArrayShard": "writer",
+    "CommitStats": "writer",
+    "StepWriter": "writer",
+    "StepStore": "zarr_store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "SPEC_VERSION",
