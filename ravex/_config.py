@@ -107,16 +107,17 @@ class RavexConfig:
         overrides: dict[str, Any] | None = None,
         path: str | None = None,
         environ: dict[str, str] | None = None,
+        cwd: str | None = None,
     ) -> RavexConfig:
         """Resolve file < env < overrides into one validated config.
 
-        ``path`` defaults to ``$RAVEX_CONFIG`` or ``./ravex.yaml``; a missing file is
-        fine (defaults apply) unless it was named explicitly.
+        ``path`` defaults to ``$RAVEX_CONFIG`` or ``ravex.yaml`` in ``cwd`` (the working
+        directory); a missing file is fine (defaults apply) unless it was named explicitly.
         """
         env = os.environ if environ is None else environ
         config = cls()
         config.sources = {name: "default" for name in config.keys()}
-        file_path = path or env.get(CONFIG_ENV) or find_config_file()
+        file_path = path or env.get(CONFIG_ENV) or find_config_file(cwd)
         if file_path:
             config.config_file = os.path.abspath(file_path)
             config._apply(_read_yaml(file_path), f"{file_path}")

@@ -22,14 +22,14 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ravex.errors import ConfigError  # cheap: ravex.format loads its errors only
+
 if TYPE_CHECKING:
     from rich.console import Console
 
     from ravex.format import CheckpointStore, StepReader
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
-DEFAULT_STORE = "./checkpoints"
-CONFIG_FILE = "ravex.yaml"
 _STEP = re.compile(r"^(latest|step_\d+|\d+)$")
 
 VERBS = ("ls", "show", "diff", "validate", "gc", "export", "inspect")
@@ -45,54 +45,21 @@ class UsageError(Exception):
 def default_store(cwd: str | None = None, env: dict[str, str] | None = None) -> tuple[str, dict | None]:
     """The store a verb uses when none is named, and its fsspec ``storage_options``.
 
-    ``$RAVEX_STORAGE`` overrides the ``storage`` key of ``./ravex.yaml`` (or ``$RAVEX_CONFIG``),
-    as in the runtime's configuration; ``./checkpoints`` is the default.
+    Read by the runtime's own configuration reader (:meth:`ravex._config.RavexConfig.load`), so
+    the CLI and training agree: ``$RAVEX_STORAGE`` overrides the ``storage`` of ``./ravex.yaml``
+    (or ``$RAVEX_CONFIG``), ``./checkpoints`` is the default, and a malformed file raises the
+    same one-line :class:`~ravex.errors.ConfigError` that ``ravex status`` prints.
     """
-    env = os.environ if env is None else env
+    from ravex._config import RavexConfig
+
     cwd = cwd or os.getcwd()
-    url, opts = DEFAULT_STORE, {}
-    path = env.get("RAVEX_CONFIG") or os.path.join(cwd, CONFIG_FILE)
-    if os.path.exists(path):
-        import yaml
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read {path}: {_one_line(exc)}; fix the file or pass STORE explicitly") from None
-        storage = doc.get("storage") if isinstance(doc, dict) else None
-        if isinstance(storage, str) and storage:
-            url = storage
-        elif isinstance(storage, dict):
-            url = str(storage.get("url") or storage.get("path") or url)
-            opts.update({k: storage[k] for k in ("endpoint", "region", "access_key", "secret_key", "path_style")
-                         if storage.get(k) is not None})
-    url = env.get("RAVEX_STORAGE") or url
-    for key in ("endpoint", "region", "access_key", "secret_key"):
-        value = env.get(f"RAVEX_STORAGE_{key.upper()}") or env.get(f"RAVEX_S3_{key.upper()}")
-        if value:
-            opts[key] = value
-    if "://" in url and not url.startswith(("file://", "memory://")):
-        return url, _s3_options(opts, env)
-    if "://" not in url and not os.path.isabs(os.path.expanduser(url)):
+    storage = RavexConfig.load(environ=os.environ if env is None else env, cwd=cwd).storage
+    if storage.is_remote:
+        return storage.url, storage.storage_options() or None
+    url = os.path.expanduser(storage.url)
+    if "://" not in url and not os.path.isabs(url):
         url = os.path.normpath(os.path.join(cwd, url))
-    return os.path.expanduser(url), None
-
-
-def _s3_options(opts: dict[str, Any], env: dict[str, str]) -> dict[str, Any] | None:
-    out: dict[str, Any] = {}
-    key = opts.get("access_key") or env.get("AWS_ACCESS_KEY_ID")
-    secret = opts.get("secret_key") or env.get("AWS_SECRET_ACCESS_KEY")
-    if key:
-        out["key"] = key
-    if secret:
-        out["secret"] = secret
-    client = {k: v for k, v in (("endpoint_url", opts.get("endpoint")), ("region_name", opts.get("region"))) if v}
-    if client:
-        out["client_kwargs"] = client
-    if str(opts.get("path_style", "")).lower() in ("true", "1", "yes"):
-        out["config_kwargs"] = {"s3": {"addressing_style": "path"}}
-    return out or None
+    return url, None
 
 
 def split_step(spec: str) -> tuple[str | None, str]:
@@ -656,6 +623,9 @@ def run(args: argparse.Namespace) -> int:
         return args._ravex_verb(args)
     except UsageError as exc:
         sys.stderr.write(f"ravex {_verb_name(args)}: error: {exc}\n")
+        return EXIT_USAGE
+    except ConfigError as exc:  # ravex.yaml / RAVEX_*: the very line `ravex status` prints
+        sys.stderr.write(f"ravex: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

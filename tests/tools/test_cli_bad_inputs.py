@@ -75,10 +75,42 @@ def test_malformed_yaml_is_exit_2_in_a_real_process(cli, tmp_path):
     assert r.rc == 2, r
     assert one_line(r.err).startswith("ravex: ") and "ravex.yaml:2:10: not valid YAML: expected ',' or ']'" in r.err
     assert r.err.rstrip().endswith("; fix the YAML at that line or delete the file"), r.err
-    # the inspector verbs read ravex.yaml for the default STORE: the same file is exit 2 there too
-    r = cli("ls")
-    assert r.rc == 2, r
-    assert "cannot read" in one_line(r.err) and "fix the file or pass STORE explicitly" in r.err
+    # the inspector verbs read ravex.yaml for the default STORE through the same reader: the same
+    # line, the same exit status, for every verb that falls back to the default store
+    for verb in (("ls",), ("validate",), ("show", "latest"), ("gc", "--dry-run")):
+        r2 = cli(*verb)
+        assert (r2.rc, r2.out, r2.err) == (2, "", r.err), (verb, r2)
+    # a store named on the command line does not need the file
+    assert cli("ls", tmp_path / "nowhere").err.startswith("ravex ls: error: ")
+
+
+@pytest.mark.parametrize("text", ["keep_last: -1\n", "storage:\n  url: ./x\n  endpont: http://h\n",
+                                  "storage: [unclosed\n", "42\n"])
+def test_default_store_reads_ravex_yaml_with_the_config_reader(here, capsys, text):
+    """`ravex ls` (no STORE) and `ravex status` print the one ConfigError of RavexConfig.load."""
+    (here / "ravex.yaml").write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        RavexConfig.load()
+    expected = f"ravex: {exc.value}\n"
+    assert run(capsys, "status") == (2, expected)
+    assert run(capsys, "ls") == (2, expected)
+    assert run(capsys, "diff", "1", "2") == (2, expected)
+
+
+def test_default_store_follows_ravex_config_and_ravex_storage(here, capsys, monkeypatch, store):
+    (here / "other.yaml").write_text(f"storage:\n  path: {store}\n")
+    monkeypatch.setenv("RAVEX_CONFIG", str(here / "other.yaml"))
+    assert run(capsys, "validate") == (0, "")  # found through RAVEX_CONFIG: no ./ravex.yaml here
+    monkeypatch.setenv("RAVEX_CONFIG", str(here / "missing.yaml"))
+    rc, err = run(capsys, "ls")
+    assert rc == 2 and one_line(err) == f"ravex: config file {str(here / 'missing.yaml')!r} does not exist " \
+        "(named by RAVEX_CONFIG?)"
+    monkeypatch.delenv("RAVEX_CONFIG")
+    monkeypatch.setenv("RAVEX_STORAGE", str(store))
+    assert run(capsys, "validate") == (0, "")
+    monkeypatch.setenv("RAVEX_STORAGE", "")
+    rc, err = run(capsys, "ls")
+    assert rc == 2 and one_line(err).startswith("ravex: bad value for 'storage' in env RAVEX_STORAGE"), err
 
 
 @pytest.mark.parametrize("text,message", [

@@ -45,6 +45,11 @@ def test_ls_of_a_float32_store_imports_neither_ml_dtypes_nor_zarr(run_store, tmp
     r = run_main("ls", str(run_store), "--json", cwd=tmp_path)
     assert r["rc"] == 0 and len(json.loads(r["out"])["steps"]) == 4, r
     assert r["loaded"] == [], f"`ravex ls` imported {r['loaded']}; import them where they are used"
+    # the default store comes from ravex.yaml through ravex._config, which must stay torch-free
+    (tmp_path / "ravex.yaml").write_text(f"storage: {run_store}\ncompression: zstd\nkeep_last: 2\n")
+    r = run_main("ls", "--json", cwd=tmp_path)
+    assert r["rc"] == 0 and len(json.loads(r["out"])["steps"]) == 4, r
+    assert r["loaded"] == [], f"`ravex ls` (STORE from ravex.yaml) imported {r['loaded']}"
 
 
 def test_show_of_a_bfloat16_tensor_still_reads_it_through_ml_dtypes(tmp_path):

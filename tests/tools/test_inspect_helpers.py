@@ -10,6 +10,7 @@ import pytest
 from stores import corrupt_object_of, write_run
 
 from ravex.cli_verbs import UsageError, default_store, split_step
+from ravex.errors import ConfigError
 from ravex.format import open_store
 from ravex.format.diff import diff
 from ravex.format.inspect import (
@@ -130,8 +131,10 @@ def test_step_names_and_default_store(tmp_path):
     url, opts = default_store(str(tmp_path), {"AWS_ACCESS_KEY_ID": "k"})
     assert url == "s3://b/run" and opts == {"key": "k", "client_kwargs": {"endpoint_url": "http://x:9000"}}
     assert default_store(str(tmp_path), {"RAVEX_STORAGE": "/elsewhere"}) == ("/elsewhere", None)
+    (tmp_path / "ravex.yaml").write_text("storage: ./runs/../b\n")
+    assert default_store(str(tmp_path), {}) == (str(tmp_path / "b"), None)
     (tmp_path / "ravex.yaml").write_text("storage: [unclosed\n")
-    with pytest.raises(UsageError, match=r"ravex\.yaml"):
+    with pytest.raises(ConfigError, match=r"ravex\.yaml:2:1: not valid YAML: .* at 1:10\); fix the YAML at that line"):
         default_store(str(tmp_path), {})
 
 
