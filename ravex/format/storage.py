@@ -637,6 +637,20 @@ class FsspecStorage(Storage):
             for p, k in zip(paths, keys, strict=True):
                 self._retry("delete", k, lambda p=p: remove_one(p))
 
+    def delete_if_older(self, key: str, cutoff: float) -> bool:
+        """One HEAD for the age, then the DELETE: the short window spec/FORMAT.md (GC, A5) assumes.
+        The base class's listing would cost a LIST per collected object. ``refresh``: never an age
+        from fsspec's cache of an earlier listing."""
+        path = self._path(key)
+        try:
+            info = self._retry("head", key, lambda: self.fs.info(path, refresh=True), absent_ok=True)
+        except FileNotFoundError:
+            return False
+        if info.get("type") == "directory" or _mtime(info) >= cutoff:
+            return False
+        self.delete([key])
+        return True
+
 
 _RETRY_LOCK = threading.Lock()
 
