@@ -178,6 +178,82 @@ def previous_complete(store: CheckpointStore, step: int) -> int | None:
     return None
 
 
+# ---- reading a step without stalling a UI ----------------------------------------------------
+
+#: How deep :func:`loads_in_pieces` splits objects below each top-level key of a manifest: each
+#: tensor entry of ``arrays`` is one piece; the state ``tree`` is split further (it nests).
+_SPLIT_DEPTH = {"arrays": 2, "tree": 3}
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def loads_in_pieces(text: str) -> Any:
+    """``json.loads(text)`` for a manifest, parsed one tensor entry at a time.
+
+    ``json.loads`` of an 8 MB manifest is one C call that holds the GIL for ~0.2 s, and every
+    other thread of the process (a UI's event loop) waits that long. Parsed in pieces, the
+    interpreter can switch threads between two entries. Same values, same errors
+    (``ValueError``) as ``json.loads``.
+    """
+    i = _WS.match(text, 0).end()
+    value, i = _piece(text, i, 0, 1)
+    if _WS.match(text, i).end() != len(text):
+        raise json.JSONDecodeError("Extra data", text, i)
+    return value
+
+
+def _piece(s: str, i: int, depth: int, split: int) -> tuple[Any, int]:
+    if depth >= split or not s.startswith("{", i):
+        return _DECODER.raw_decode(s, i)
+    out: dict[str, Any] = {}
+    i = _WS.match(s, i + 1).end()
+    if s.startswith("}", i):
+        return out, i + 1
+    while True:
+        if not s.startswith('"', i):
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", s, i)
+        key, i = json.decoder.scanstring(s, i + 1)
+        i = _WS.match(s, i).end()
+        if not s.startswith(":", i):
+            raise json.JSONDecodeError("Expecting ':' delimiter", s, i)
+        i = _WS.match(s, i + 1).end()
+        out[key], i = _piece(s, i, depth + 1, _SPLIT_DEPTH.get(key, 1) if depth == 0 else split)
+        i = _WS.match(s, i).end()
+        if s.startswith(",", i):
+            i = _WS.match(s, i + 1).end()
+        elif s.startswith("}", i):
+            return out, i + 1
+        else:
+            raise json.JSONDecodeError("Expecting ',' delimiter", s, i)
+
+
+def open_step_in_pieces(store: CheckpointStore, step: int) -> StepReader:
+    """:meth:`CheckpointStore.open_step`, its manifests parsed with :func:`loads_in_pieces`.
+
+    For a UI's worker thread: the store's own parse would stall the UI thread for as long as
+    ``json.loads`` runs. The parsed manifests go to the store's cache, where ``open_step``
+    finds them; anything unusual (not UTF-8, malformed) is left to ``open_step``, so errors
+    read exactly as they do everywhere else.
+    """
+    rank, world = 0, 1
+    while rank < world:
+        with store._lock:
+            cached = store._manifests.get((step, rank))
+        if cached is None:
+            where = f"step {step} rank {rank}"
+            try:
+                text = store.storage.read(manifest_key(step, rank)).decode("utf-8")
+                cached = Manifest.from_json(loads_in_pieces(text), where)
+            except (OSError, ValueError, RecursionError, RavexError):
+                break  # open_step reads it again and says what is wrong
+            if cached.step != step or cached.rank != rank:
+                break
+            store._remember(cached)
+        world = cached.world_size
+        rank += 1
+    return store.open_step(step)
+
+
 # ---- tensors -------------------------------------------------------------------------------
 
 

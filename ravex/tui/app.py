@@ -27,11 +27,13 @@ from ravex.format.inspect import (
     change_order,
     compare_tensor,
     diff_steps,
+    open_step_in_pieces,
     summarize_steps,
     validate_with_progress,
 )
 from ravex.format.validate import Finding
 
+from . import heap
 from .model import (
     Leaf,
     compute_details,
@@ -116,6 +118,9 @@ class InspectorApp(App[None]):
         self.query_one("#step-list").focus()
         self.load_steps()
 
+    def on_unmount(self) -> None:
+        heap.release()
+
     def show_message(self, text: str | None) -> None:
         """A message over the whole main area (bad path, empty store); ``None`` hides it."""
         self.message = text
@@ -183,12 +188,15 @@ class InspectorApp(App[None]):
             if r is not None:
                 self._readers.move_to_end(step)
                 return r
-        assert self.store is not None
-        r = self.store.open_step(step)
+        store = self.store
+        assert store is not None
+        with heap.parsing():  # megabytes of JSON: parsed in pieces, no GC pause on what it builds
+            r = open_step_in_pieces(store, step)
         with self._readers_lock:
             self._readers[step] = r
             while len(self._readers) > READER_CACHE:
-                self._readers.popitem(last=False)
+                old, _ = self._readers.popitem(last=False)
+                store.forget(old)  # the store would keep its manifests too (and the GC walk them)
         return r
 
     @work(thread=True, exclusive=True, group="step")
