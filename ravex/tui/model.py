@@ -84,36 +84,53 @@ def filter_leaves(leaves: list[Leaf], text: str) -> list[Leaf]:
 SPLIT_MIN = 64
 
 
-def children(leaves: list[Leaf], start: str = "") -> list[tuple[str, Leaf | None, int, str]]:
+def children(
+    leaves: list[Leaf], start: str = "", members: dict[str, list[Leaf]] | None = None
+) -> list[tuple[str, Leaf | None, int, str]]:
     """The entries right below the names beginning with ``start`` (``""`` for the top).
 
     Each is ``(label, leaf, count, child_start)``: a leaf when exactly one name ends there
     (``leaf`` set), else a group of ``count`` names, opened with ``children(leaves, child_start)``.
     Levels split at ``/``; a level of more than :data:`SPLIT_MIN` entries also splits at ``.``.
     Computed on demand, so a tree of 10,000 tensors only builds the nodes that are open.
+    ``members``, when given, receives each group's leaves under its ``child_start``: opening
+    that group then needs to look at those leaves only, not at all of them again.
     """
-    entries = _level(leaves, start, "/")
+    entries, groups = _level(leaves, start, "/")
     if len(entries) > SPLIT_MIN:
-        dotted = _level(leaves, start, "/.")
+        dotted, dotted_groups = _level(leaves, start, "/.")
         if len(dotted) < len(entries):
-            entries = dotted
+            entries, groups = dotted, dotted_groups
+    if members is not None:
+        members.update(groups)
     return entries
 
 
-def _level(leaves: list[Leaf], start: str, seps: str) -> list[tuple[str, Leaf | None, int, str]]:
+_CUT = {"/": re.compile("/"), "/.": re.compile(r"[/.]")}
+
+
+def _level(
+    leaves: list[Leaf], start: str, seps: str
+) -> tuple[list[tuple[str, Leaf | None, int, str]], dict[str, list[Leaf]]]:
     out: dict[str, tuple[str, Leaf | None, int, str]] = {}
+    groups: dict[str, list[Leaf]] = {}
+    cut = _CUT[seps].search
+    n = len(start)
     for leaf in leaves:
-        if not leaf.name.startswith(start):
+        name = leaf.name
+        if not name.startswith(start):
             continue
-        rest = leaf.name[len(start):]
-        cuts = [i for i in (rest.find(c) for c in seps) if i >= 0]
-        if not cuts:
-            out[rest] = (rest, leaf, 1, start + rest)
+        m = cut(name, n)
+        if m is None:
+            rest = name[n:]
+            out[rest] = (rest, leaf, 1, name)
             continue
-        key = rest[: min(cuts) + 1]
+        end = m.end()
+        key = name[n:end]
         have = out.get(key)
-        out[key] = (key.rstrip("/"), None, (have[2] if have else 0) + 1, start + key)
-    return list(out.values())
+        out[key] = (key.rstrip("/"), None, (have[2] if have else 0) + 1, name[:end])
+        groups.setdefault(name[:end], []).append(leaf)
+    return list(out.values()), groups
 
 
 # ---- steps pane --------------------------------------------------------------------------------

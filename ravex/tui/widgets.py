@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from rich.text import Text
+from rich.cells import cell_len
+from rich.text import Span, Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -104,17 +105,26 @@ class StepsPane(Vertical):
 
 
 class TensorTree(Tree[object]):
-    """The state tree of a step, grouped by top-level key, built lazily as nodes open."""
+    """The state tree of a step, grouped by top-level key, built lazily as nodes open.
+
+    A group can still open onto thousands of children (``layers.0.`` ... ``layers.4999.``): those
+    are added in one batch (one layout, not one per node), each group remembers its own leaves
+    so that opening it does not scan all of them, and label widths are counted, not rendered.
+    """
+
+    _batch = 0  # inside _populate: invalidate once at the end, not per node (Tree's __init__ invalidates)
 
     def __init__(self, **kwargs) -> None:
         super().__init__("state", **kwargs)
         self.show_root = False
         self.guide_depth = 2
         self.leaves: list[Leaf] = []
+        self._members: dict[str, list[Leaf]] = {}  # group start -> the leaves below it
 
     def set_leaves(self, leaves: list[Leaf], expand: bool = False) -> None:
         self.clear()
         self.leaves = leaves
+        self._members = {}
         self.root.data = ""
         self._populate(self.root)
         if expand and len(leaves) <= FILTER_EXPAND_MAX:
@@ -125,14 +135,35 @@ class TensorTree(Tree[object]):
     def _populate(self, node: TreeNode[object]) -> None:
         if node.children or not isinstance(node.data, str):
             return
-        for label, leaf, count, child_start in children(self.leaves, node.data):
-            if leaf is not None:
-                text = Text(label)
-                if leaf.kind == "value":
-                    text.append(f" = {_short(leaf.value)}", style="cyan")
-                node.add_leaf(text, data=leaf)
-            else:
-                node.add(Text.assemble((label, "bold"), (f" ({count})", "dim")), data=child_start)
+        below = self._members.get(node.data, self.leaves)
+        self._batch += 1
+        try:
+            for label, leaf, count, child_start in children(below, node.data, self._members):
+                if leaf is not None:
+                    text = Text(label)
+                    if leaf.kind == "value":
+                        text.append(f" = {_short(leaf.value)}", style="cyan")
+                    node.add_leaf(text, data=leaf)
+                else:
+                    node.add(_group_label(label, count), data=child_start)
+        finally:
+            self._batch -= 1
+        if not self._batch:
+            self._invalidate()
+
+    def _invalidate(self) -> None:
+        if not self._batch:  # Tree calls this for every node added
+            super()._invalidate()
+
+    def process_label(self, label: str | Text) -> Text:
+        if isinstance(label, Text) and "\n" not in label.plain:
+            return label  # the first line of a one-line Text is itself (the Tree would copy it)
+        return super().process_label(label)
+
+    def get_label_width(self, node: TreeNode[object]) -> int:
+        """What ``render_label`` would measure, without rendering (the Tree measures every open line)."""
+        icon = (self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE) if node.allow_expand else ""
+        return cell_len(icon) + node.label.cell_len  # type: ignore[union-attr]
 
     def _expand_all(self, node: TreeNode[object]) -> None:
         for child in node.children:
@@ -159,6 +190,13 @@ class TensorTree(Tree[object]):
                     break
             else:
                 return None
+
+
+def _group_label(label: str, count: int) -> Text:
+    """``layers. (5000)``: what ``Text.assemble((label, "bold"), (f" ({count})", "dim"))`` makes, built directly
+    (a group can open onto thousands of these)."""
+    n, tail = len(label), f" ({count})"
+    return Text(label + tail, spans=[Span(0, n, "bold")] * bool(n) + [Span(n, n + len(tail), "dim")])
 
 
 def _short(value: object, n: int = 24) -> str:
