@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._version import SPEC_VERSION, check_version
 from .errors import ManifestError
 from .hashing import DIGEST_HEX_LEN, HASH_NAME
-from .names import check_array_path, check_object_name, is_decimal
+from .names import check_array_path, check_object_name
 
 MANIFEST_FORMAT = "ravex-manifest"
 
@@ -44,7 +45,8 @@ class ChunkRef:
         return {"object": self.object, "size": self.size, "raw": self.raw}
 
     @classmethod
-    def from_json(cls, doc: Any, where: str) -> ChunkRef:
+    def from_json(cls, doc: Any, where: str, known_objects: set[str] | None = None) -> ChunkRef:
+        """Parse and check one chunk entry; an object name it checks joins ``known_objects``."""
         if not isinstance(doc, dict):
             raise ManifestError(f"{where}: chunk entry must be an object, got {doc!r}")
         raw = doc.get("raw")
@@ -62,7 +64,10 @@ class ChunkRef:
         offset = doc.get("offset")
         if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool) or offset < 0):
             raise ManifestError(f"{where}: chunk entry has an invalid 'offset'")
-        return cls(raw=raw, size=size, object=check_object_name(doc.get("object"), where), offset=offset)
+        name = check_object_name(doc.get("object"), where)
+        if known_objects is not None:
+            known_objects.add(name)
+        return cls(raw=raw, size=size, object=name, offset=offset)
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,7 @@ class Manifest:
         if not isinstance(arrays_doc, dict):
             raise ManifestError(f"{where}: 'arrays' must be an object")
         arrays: dict[str, ArrayEntry] = {}
+        known_objects: set[str] = set()
         for path, entry in arrays_doc.items():
             at = f"{where} tensor {path!r}"
             check_array_path(path, at)
@@ -172,7 +178,7 @@ class Manifest:
             _check_zarr_meta(entry["zarr"], at)
             arrays[path] = ArrayEntry(
                 zarr=entry["zarr"],
-                chunks={_check_chunk_key(k, at): ChunkRef.from_json(c, f"{at} chunk {k}") for k, c in chunks.items()},
+                chunks=_chunk_map(chunks, at, known_objects),
             )
             _check_stored_sizes(arrays[path], at)
         for name in ("metadata", "stats"):
@@ -247,8 +253,29 @@ def _check_stored_sizes(entry: ArrayEntry, where: str) -> None:
             )
 
 
+def _chunk_map(doc: dict[str, Any], at: str, known_objects: set[str]) -> dict[str, ChunkRef]:
+    """An array's chunk entries, checked. A table in 2 KiB chunks has ~100k of them, nearly all
+    packed into a few objects: for an entry of exactly that shape whose object name was checked
+    already, the checks are inlined here (~1 us an entry instead of ~5)."""
+    out: dict[str, ChunkRef] = {}
+    for key, ref in doc.items():
+        _check_chunk_key(key, at)
+        if type(ref) is dict and len(ref) == 4:
+            raw, size, offset, name = ref.get("raw"), ref.get("size"), ref.get("offset"), ref.get("object")
+            if (type(raw) is str and len(raw) == DIGEST_HEX_LEN and type(size) is int and size >= 0
+                    and type(offset) is int and offset >= 0 and type(name) is str and name in known_objects):
+                out[key] = ChunkRef(raw=raw, size=size, object=name, offset=offset)
+                continue
+        out[key] = ChunkRef.from_json(ref, f"{at} chunk {key}", known_objects)
+    return out
+
+
+#: ``c`` then ``/<i>`` per dimension, each index decimal as the layout writes it (no sign, no
+#: leading zero); ``fullmatch``, so no trailing newline slips through as ``$`` would let it.
+_CHUNK_KEY = re.compile(r"c(?:/(?:0|[1-9][0-9]{0,18}))*")
+
+
 def _check_chunk_key(key: str, where: str) -> str:
-    parts = key.split("/")
-    if parts[0] != "c" or not all(is_decimal(p) for p in parts[1:]):
+    if not _CHUNK_KEY.fullmatch(key):
         raise ManifestError(f"{where}: bad chunk key {key!r}; expected 'c/<i>/<j>...'")
     return key

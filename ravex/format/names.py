@@ -17,8 +17,8 @@ from urllib.parse import quote, unquote
 from .errors import UnsafeNameError
 
 _SAFE = "._-"
-_OBJECT_NAME = re.compile(r"^[0-9a-f]{32}$")
-_SEGMENT_OK = re.compile(r"^[A-Za-z0-9._%-]+$")
+_OBJECT_NAME = re.compile(r"^[0-9a-f]{32}\Z")  # \Z: "$" would accept a trailing newline
+_SEGMENT_OK = re.compile(r"^[A-Za-z0-9._%-]+\Z")
 
 
 def escape_key(key: str) -> str:
@@ -38,12 +38,13 @@ def unescape_key(segment: str) -> str:
     return unquote(segment)
 
 
-_DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 def is_decimal(text: str) -> bool:
-    """A step or rank as the layout writes it: ASCII decimal, no sign, no leading zero."""
-    return bool(_DECIMAL.match(text))
+    """A step or rank as the layout writes it: ASCII decimal, no sign, no leading zero (and
+    no trailing newline, which a ``$``-anchored match would let through)."""
+    return bool(_DECIMAL.fullmatch(text))
 
 
 def check_array_path(path: str, where: str) -> str:

@@ -92,6 +92,8 @@ UNPARSABLE = {
                           "bad inline chunk"),
     "chunk key 25 digits": (lambda d: w_entry(d)["chunks"].update({"c/" + "9" * 25 + "/0": w_entry(d)["chunks"]
                                                                    .pop("c/3/0")}), "bad chunk key"),
+    "chunk key with a newline": (lambda d: w_entry(d)["chunks"].update({"c/3/0\n": w_entry(d)["chunks"]
+                                                                       .pop("c/3/0")}), "bad chunk key"),
     "arrays a list": (lambda d: d.update(arrays=[]), "'arrays' must be an object"),
     "world_size 0": (lambda d: d.update(world_size=0), r"bad step/rank/world_size 2/0/0"),
 }
@@ -283,7 +285,7 @@ def test_hostile_state_tree_builds_nothing_else(tmp_path, tree, message):
         open_store(store.url).read(2)
 
 
-@pytest.mark.parametrize("name", ["A" * 32, "0" * 31, "0" * 32 + "/", "..", "", None, 7])
+@pytest.mark.parametrize("name", ["A" * 32, "0" * 31, "0" * 32 + "/", "0" * 32 + "\n", "..", "", None, 7, [1]])
 def test_object_names_that_are_not_digests(tmp_path, name):
     store = make_store(tmp_path / "s")
     edit_manifest(store, lambda d: w_entry(d)["chunks"]["c/0/0"].update(object=name))
@@ -292,7 +294,7 @@ def test_object_names_that_are_not_digests(tmp_path, name):
     assert [f.kind for f in errors(validate(store.url))] == ["unsafe_name"]
 
 
-@pytest.mark.parametrize("step", ["9" * 5000, "-5", "1.5", "step_", "٣", "0x10"])
+@pytest.mark.parametrize("step", ["9" * 5000, "-5", "1.5", "step_", "٣", "0x10", "1\n"])
 def test_bad_step_numbers(tmp_path, step):
     store = make_store(tmp_path / "s")
     with pytest.raises(StepNotFoundError, match="is not a step; use a number, 'step_100' or 'latest'"):
