@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import ROOT
 
 from ravex.format import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HEAVY = ("ml_dtypes", "zarr", "torch", "textual")
 
