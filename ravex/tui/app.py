@@ -47,7 +47,17 @@ from .model import (
     step_leaves,
     value_cells,
 )
-from .widgets import DetailsPane, DiffPane, HelpScreen, StepsPane, TensorPane, TensorTree, ValidatePane
+from .widgets import (
+    DetailsPane,
+    DiffPane,
+    HelpScreen,
+    StepsPane,
+    TensorPane,
+    TensorTree,
+    TreeNodes,
+    ValidatePane,
+    tree_nodes,
+)
 
 #: Step readers kept in memory (a step of 10,000 tensors holds its parsed manifests).
 READER_CACHE = 4
@@ -83,6 +93,7 @@ class InspectorApp(App[None]):
         self.step: int | None = None
         self.base_step: int | None = None
         self.leaves: list[Leaf] = []
+        self._made_nodes: TreeNodes = {}  # the unfiltered tree's nodes, made by the worker that read the step
         self.leaf: Leaf | None = None
         self.diff_pair: tuple[int, int] | None = None
         self.diff_rows: list[TensorDiff] = []
@@ -174,7 +185,7 @@ class InspectorApp(App[None]):
         self.query_one(DetailsPane).show(render_step(s))
         tree = self.query_one(TensorTree)
         if not s.complete:
-            self.leaves = []
+            self.leaves, self._made_nodes = [], {}
             tree.set_leaves([])
             tree.loading = False
             return
@@ -202,22 +213,26 @@ class InspectorApp(App[None]):
     @work(thread=True, exclusive=True, group="step")
     def load_step(self, step: int) -> None:
         try:
-            leaves = step_leaves(self.reader(step))
+            reader = self.reader(step)
+            with heap.parsing():  # ~10^5 small objects more, as acyclic as the manifests
+                leaves = step_leaves(reader)
+                nodes = tree_nodes(leaves)  # opening a group of 10,000 then scans nothing on the UI thread
         except Exception as exc:
             self.call_from_thread(self._step_failed, step, exc)
             return
-        self.call_from_thread(self._set_leaves, step, leaves)
+        self.call_from_thread(self._set_leaves, step, leaves, nodes)
 
     def _step_failed(self, step: int, exc: Exception) -> None:
         if step == self.step:
             self.query_one(TensorTree).loading = False
             self.notify(f"step_{step}: {_one_line(exc)}", severity="error")
 
-    def _set_leaves(self, step: int, leaves: list[Leaf]) -> None:
+    def _set_leaves(self, step: int, leaves: list[Leaf], nodes: TreeNodes) -> None:
         if step != self.step:
             return  # stale: the user moved on
         self.query_one(TensorTree).loading = False
         self.leaves = leaves
+        self._made_nodes = nodes
         self._apply_filter()
         if self._pending_tensor:
             name, self._pending_tensor = self._pending_tensor, None
@@ -225,7 +240,11 @@ class InspectorApp(App[None]):
 
     def _apply_filter(self) -> None:
         text = self.query_one("#filter", Input).value
-        self.query_one(TensorTree).set_leaves(filter_leaves(self.leaves, text), expand=bool(text.strip()))
+        tree = self.query_one(TensorTree)
+        if not text.strip():
+            tree.set_leaves(self.leaves, nodes=self._made_nodes)
+        else:
+            tree.set_leaves(filter_leaves(self.leaves, text), expand=True)
 
     # ---- tensors and details -----------------------------------------------------------------
 

@@ -106,6 +106,19 @@ def children(
     return entries
 
 
+def tree_index(leaves: list[Leaf]) -> dict[str, list[tuple[str, Leaf | None, int, str]]]:
+    """:func:`children` of the top and of every group below it, in one go (for a worker thread:
+    a group of 10,000 names then opens without any scan on the UI thread)."""
+    index: dict[str, list[tuple[str, Leaf | None, int, str]]] = {}
+    members: dict[str, list[Leaf]] = {}
+    todo = [""]
+    while todo:  # each child_start is longer than its start: this ends
+        start = todo.pop()
+        index[start] = entries = children(members.pop(start, leaves), start, members)
+        todo.extend(child_start for _label, leaf, _n, child_start in entries if leaf is None)
+    return index
+
+
 _CUT = {"/": re.compile("/"), "/.": re.compile(r"[/.]")}
 
 

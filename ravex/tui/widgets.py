@@ -18,7 +18,7 @@ from textual.widgets.tree import TreeNode
 from ravex.format.inspect import StepSummary
 
 from .formatting import sparkline
-from .model import Leaf, children, step_row
+from .model import Leaf, children, step_row, tree_index
 
 #: Tree nodes opened by a filter at most; more matches stay collapsed (still lazily expandable).
 FILTER_EXPAND_MAX = 200
@@ -120,11 +120,14 @@ class TensorTree(Tree[object]):
         self.guide_depth = 2
         self.leaves: list[Leaf] = []
         self._members: dict[str, list[Leaf]] = {}  # group start -> the leaves below it
+        self._made_nodes: TreeNodes = {}  # group start -> its child nodes, when made ahead
 
-    def set_leaves(self, leaves: list[Leaf], expand: bool = False) -> None:
+    def set_leaves(self, leaves: list[Leaf], expand: bool = False, nodes: TreeNodes | None = None) -> None:
+        """Show ``leaves``; ``nodes``: their :func:`tree_nodes`, when a worker has made them already."""
         self.clear()
         self.leaves = leaves
         self._members = {}
+        self._made_nodes = nodes or {}
         self.root.data = ""
         self._populate(self.root)
         if expand and len(leaves) <= FILTER_EXPAND_MAX:
@@ -135,17 +138,14 @@ class TensorTree(Tree[object]):
     def _populate(self, node: TreeNode[object]) -> None:
         if node.children or not isinstance(node.data, str):
             return
-        below = self._members.get(node.data, self.leaves)
+        made = self._made_nodes.get(node.data)
+        if made is None:
+            below = self._members.get(node.data, self.leaves)
+            made = [_node(entry) for entry in children(below, node.data, self._members)]
         self._batch += 1
         try:
-            for label, leaf, count, child_start in children(below, node.data, self._members):
-                if leaf is not None:
-                    text = Text(label)
-                    if leaf.kind == "value":
-                        text.append(f" = {_short(leaf.value)}", style="cyan")
-                    node.add_leaf(text, data=leaf)
-                else:
-                    node.add(_group_label(label, count), data=child_start)
+            for label, data, is_leaf in made:
+                node.add(label, data=data, allow_expand=not is_leaf)
         finally:
             self._batch -= 1
         if not self._batch:
@@ -190,6 +190,26 @@ class TensorTree(Tree[object]):
                     break
             else:
                 return None
+
+
+#: Each group's child nodes, ``(label, data, is_leaf)``, by the group's start (``""``: the top).
+TreeNodes = dict[str, list[tuple[Text, object, bool]]]
+
+
+def tree_nodes(leaves: list[Leaf]) -> TreeNodes:
+    """The tree's nodes for every group at once, labels made: for a worker thread, so that opening
+    a group of thousands only adds nodes on the UI thread."""
+    return {start: [_node(entry) for entry in entries] for start, entries in tree_index(leaves).items()}
+
+
+def _node(entry: tuple[str, Leaf | None, int, str]) -> tuple[Text, object, bool]:
+    label, leaf, count, child_start = entry
+    if leaf is None:
+        return _group_label(label, count), child_start, False
+    text = Text(label)
+    if leaf.kind == "value":
+        text.append(f" = {_short(leaf.value)}", style="cyan")
+    return text, leaf, True
 
 
 def _group_label(label: str, count: int) -> Text:
