@@ -27,16 +27,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
 
+from .format.dtypes import data_type
+
 logger = logging.getLogger("ravex")
 
-_NUMPY_VIEWS: dict[torch.dtype, tuple[torch.dtype, Any]] = {
-    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
-    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+#: torch dtypes numpy lacks: (same-size integer view, Zarr data type whose numpy form
+#: ``ml_dtypes`` gives, imported only when such a tensor is first seen: it takes ~0.8 s).
+_NUMPY_VIEWS: dict[torch.dtype, tuple[torch.dtype, str]] = {
+    torch.bfloat16: (torch.int16, "bfloat16"),
+    torch.float8_e4m3fn: (torch.uint8, "float8_e4m3fn"),
+    torch.float8_e5m2: (torch.uint8, "float8_e5m2"),
 }
 
 
@@ -44,7 +47,7 @@ def numpy_view(tensor: torch.Tensor) -> np.ndarray:
     """A zero-copy numpy view of a contiguous CPU tensor (bf16/fp8 via ``ml_dtypes``)."""
     view = _NUMPY_VIEWS.get(tensor.dtype)
     if view is not None:
-        return tensor.view(view[0]).numpy().view(view[1])
+        return tensor.view(view[0]).numpy().view(data_type(view[1]).numpy)
     return tensor.numpy()
 
 

@@ -4,7 +4,7 @@ Zarr v3 directory. (The ``.pt`` export is torch's side: ``ravex._export_torch``.
 Both are bit-exact copies of the step's tensors. The safetensors file names each tensor
 by its path in the state tree (keys joined with ``sep``, ``"."`` by default, so a model's
 subtree gives its ``state_dict`` names) and keeps the typed tree in its metadata. The
-Zarr directory is the step's Zarr view (``zarr_store.step_keys``) written out; on a local
+Zarr directory is the step's Zarr view (``keyview.step_keys``) written out; on a local
 disk its chunk files are hard links to the store's objects, so it costs no space.
 """
 
@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from .errors import ArrayNotFoundError, UnsupportedValueError
+from .keyview import fetch_chunk, step_keys
 from .names import object_key
 from .reader import ArrayRef, StepReader
 from .storage import LocalStorage
 from .store import CheckpointStore, open_store
 from .values import encode_value
-from .zarr_store import fetch_chunk, step_keys
 
 __all__ = ["SAFETENSORS_DTYPES", "export_safetensors", "export_zarr", "tensor_names"]
 

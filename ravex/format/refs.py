@@ -1,7 +1,7 @@
 """``steps/<step>/refs.json``: a step in fsspec's reference format (version 1).
 
 With it, ``fsspec`` and ``zarr`` alone open a step as a Zarr v3 hierarchy: no Ravex,
-no torch. Every key of the step's Zarr view (``zarr_store.step_keys``) becomes a
+no torch. Every key of the step's Zarr view (``keyview.step_keys``) becomes a
 reference: metadata documents as JSON text, inline chunks as ``"base64:..."``, and
 chunks in objects as ``["{{u}}/objects/ab/abcd...", offset, size]``. The template
 ``u`` is the store root; the file records ``"."`` (the working directory), and a
@@ -30,8 +30,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import data_type
+from .keyview import step_keys
 from .names import object_key, step_dir
-from .zarr_store import step_keys
 
 if TYPE_CHECKING:
     from .store import CheckpointStore

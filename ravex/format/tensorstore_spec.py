@@ -81,7 +81,7 @@ def open_tensorstore(store: CheckpointStore, step: int | str, path: str, context
     """Open tensor ``path`` of ``step`` read-only with tensorstore (``ts.open(...).result()``)."""
     import tensorstore as ts
 
-    from .zarr_store import fetch_chunk
+    from .keyview import fetch_chunk
 
     reader = store.open_step(step)
     spec = tensorstore_spec(store, reader.step, path)

@@ -1,0 +1,135 @@
+"""The key view of a step: every key its Zarr v3 hierarchy has, and where its bytes are.
+
+::
+
+    zarr.json                 root group; attributes["ravex"] holds the step, the typed
+                              state tree and the metadata (spec/FORMAT.md, "Zarr view")
+    model/zarr.json           a group for every prefix of an array path
+    model/w/zarr.json         the array's exact ``zarr.json`` from the manifest
+    model/w/c/0/0             the chunk's encoded bytes: an object, a byte range of a
+                              pack object, or an inline chunk of the manifest
+
+``zarr_store.StepStore`` serves it to zarr-python, ``refs.py`` renders it as fsspec
+references and ``export.py`` as a plain directory. This module imports neither zarr-python
+nor ``ml_dtypes``: a commit that writes ``refs.json`` needs neither (importing both took
+~0.9 s on the writer thread at a run's first checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._version import SPEC_VERSION
+from .codecs import pipeline
+from .dtypes import data_type
+from .errors import CorruptObjectError
+from .hashing import digest
+from .manifest import ArrayEntry, ChunkRef
+from .names import object_key
+
+if TYPE_CHECKING:
+    from .reader import StepReader
+    from .store import CheckpointStore
+
+GROUP_DOC = {"zarr_format": 3, "node_type": "group", "attributes": {}}
+
+
+# ---- the key view of a step ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """What one Zarr key of a step holds: a document, or a chunk of an array."""
+
+    doc: bytes | None = None  # a zarr.json document
+    array: str | None = None  # for a chunk: the array path ...
+    ref: ChunkRef | None = None  # ... and where its encoded bytes are
+
+    @property
+    def size(self) -> int:
+        if self.doc is not None:
+            return len(self.doc)
+        assert self.ref is not None
+        return self.ref.size
+
+
+def root_attributes(reader: StepReader) -> dict[str, Any]:
+    """The root group's attributes: ``{"ravex": {...}}`` with the step and rank 0's typed tree."""
+    first = reader.manifests[0]
+    return {
+        "ravex": {
+            "version": SPEC_VERSION,
+            "step": reader.step,
+            "world_size": reader.world_size,
+            "run": first.run,
+            "created_at": first.created_at,
+            "metadata": first.metadata,
+            "tree": first.tree,
+        }
+    }
+
+
+def _doc(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+def step_keys(reader: StepReader) -> dict[str, KeyEntry]:
+    """Every Zarr key of a step (all ranks merged), sorted."""
+    keys: dict[str, KeyEntry] = {"zarr.json": KeyEntry(doc=_doc({**GROUP_DOC, "attributes": root_attributes(reader)}))}
+    group = _doc(GROUP_DOC)
+    for path, entry in reader.arrays.items():
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            keys.setdefault("/".join(parts[:i]) + "/zarr.json", KeyEntry(doc=group))
+        keys[f"{path}/zarr.json"] = KeyEntry(doc=_doc(entry.zarr))
+        for key, ref in entry.chunks.items():
+            keys[f"{path}/{key}"] = KeyEntry(array=path, ref=ref)
+    return dict(sorted(keys.items()))
+
+
+def decoded_chunk_size(entry: ArrayEntry) -> int:
+    """Bytes of one decoded chunk of an array (edge chunks are stored at full size)."""
+    return math.prod(entry.chunk_shape) * data_type(entry.data_type).itemsize
+
+
+def fetch_chunk(
+    store: CheckpointStore, entry: ArrayEntry | None, ref: ChunkRef, where: str, verify: bool = True
+) -> bytes:
+    """The encoded bytes of one chunk, checked against the manifest.
+
+    A whole object is checked against its name (the hash of its bytes); a chunk of a
+    pack and an inline chunk are decoded (with ``entry``'s codecs) and checked against
+    their ``raw`` digest.
+    """
+    if ref.inline is not None:
+        data = ref.inline
+    else:
+        assert ref.object is not None
+        key = object_key(ref.object)
+        try:
+            if ref.offset is None:
+                data = store.storage.read(key)
+            else:
+                data = store.storage.read_range(key, ref.offset, ref.offset + ref.size)
+        except FileNotFoundError:
+            raise CorruptObjectError(f"{where}: object {ref.object} is missing from {store.url!r}") from None
+        if len(data) != ref.size:
+            raise CorruptObjectError(f"{where}: object {ref.object} gave {len(data)} bytes, manifest says {ref.size}")
+    if not verify:
+        return data
+    if ref.inline is None and ref.offset is None:
+        if digest(data) != ref.object:
+            raise CorruptObjectError(f"{where}: object {ref.object} does not match its hash (corrupt bytes)")
+        return data
+    if entry is None:
+        raise CorruptObjectError(f"{where}: no array metadata to decode this chunk with")
+    try:
+        decoded = pipeline(entry.codecs, where).decode(data, decoded_chunk_size(entry))
+    except ValueError as exc:
+        raise CorruptObjectError(f"{where}: {exc}") from None
+    if digest(decoded) != ref.raw:
+        raise CorruptObjectError(f"{where}: chunk does not match its digest (corrupt bytes)")
+    return data
