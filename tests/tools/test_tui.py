@@ -258,3 +258,100 @@ async def test_results_for_a_step_left_behind_are_dropped(tmp_path: Path):
         await settle(pilot)
         assert app.leaf is not None and app.leaf.name == "model/only_in_2"
         assert "step_2" in details_text(app) and "mean           2" in details_text(app)
+
+
+def _blocks_store(path: Path, n: int = 600) -> Path:
+    import numpy as np
+
+    store = open_store(path, create=True)
+    state = {"model": {f"blocks.{i}": {"w": np.full(2, i, "float32")} for i in range(n)}, "step": 1}
+    with store.writer() as w:
+        w.commit(1, state)
+        state["model"]["blocks.7"]["w"] += 1
+        w.commit(2, state)
+    return path
+
+
+@aio
+async def test_no_manifest_is_parsed_in_one_call_and_the_gc_is_given_back(tmp_path: Path, monkeypatch):
+    """json.loads of a whole manifest holds the GIL (0.2 s for 10,000 tensors): the UI thread waits
+    that long even when a worker parses. The app parses manifests in pieces instead."""
+    import gc
+    import json
+
+    whole: list[int] = []
+    loads = json.loads
+
+    def spy(s, *args, **kwargs):
+        b = s if isinstance(s, bytes) else s.encode()
+        if b.startswith(b'{"format":"ravex-manifest"') and b'"tree":' in b:  # not a listing's header
+            whole.append(len(b))
+        return loads(s, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", spy)
+    app = InspectorApp(str(_blocks_store(tmp_path / "s")))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("d")  # reads step 1 too
+        await settle(pilot)
+        assert [t.name for t in app.diff_rows] == ["model/blocks.7/w"]
+        assert gc.get_freeze_count() > 0  # the parsed steps are out of the collector's walk
+    assert whole == []
+    assert gc.get_freeze_count() == 0  # handed back on exit
+
+
+@aio
+async def test_opening_a_group_of_hundreds_scans_nothing_and_lays_out_once(tmp_path: Path, monkeypatch):
+    """``model/blocks.`` opens onto 600 groups: the worker that read the step made them; the UI
+    thread only adds the nodes, with one layout of the tree instead of one per node."""
+    import threading
+
+    from textual.widgets import Tree
+
+    import ravex.tui.model
+    import ravex.tui.widgets
+
+    app = InspectorApp(str(_blocks_store(tmp_path / "s")))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        on_ui: list[str] = []
+        layouts = [0]
+        for module in (ravex.tui.model, ravex.tui.widgets):
+            real = module.children
+
+            def spy(leaves, *args, real=real):
+                if threading.current_thread() is threading.main_thread():
+                    on_ui.append(args[0] if args else "")
+                return real(leaves, *args)
+
+            monkeypatch.setattr(module, "children", spy)
+        invalidate = Tree._invalidate
+
+        def count(self):
+            layouts[0] += 1
+            invalidate(self)
+
+        monkeypatch.setattr(Tree, "_invalidate", count)
+        assert app.select_tensor("model/blocks.599/w")
+        assert on_ui == [] and layouts[0] < 10
+        await settle(pilot)
+        assert app.leaf is not None and app.leaf.name == "model/blocks.599/w"
+        blocks = app.query_one(TensorTree).root.children[0].children[0]
+        assert str(blocks.label) == "blocks. (600)" and len(blocks.children) == 600
+        assert str(blocks.children[10].label) == "10 (1)"
+
+
+def test_loads_in_pieces_is_json_loads():
+    import json
+
+    from ravex.format.inspect import loads_in_pieces
+
+    doc = {"format": "ravex-manifest", "tree": {"a": {"b": [1, {"c": None}]}, "x": 1.5},
+           "arrays": {"a/b": {"zarr": {"shape": [2]}, "chunks": {"c/0": {"raw": "ff"}}}}, "n": "é\"\\"}
+    for text in (json.dumps(doc), json.dumps(doc, indent=2), json.dumps(doc, separators=(",", ":")), "{}", "[1]"):
+        assert loads_in_pieces(text) == json.loads(text)
+    for bad in ('{"a":1,}', '{"a" 1}', '{"a":1} x', '{"a":1', "", '{"tree":{"a":1 "b":2}}', "{1:2}"):
+        with pytest.raises(ValueError):
+            json.loads(bad)
+        with pytest.raises(ValueError):
+            loads_in_pieces(bad)
