@@ -14,9 +14,12 @@ The states and times are kept here, apart from the runtime, so they can be teste
 injected clock; the runtime asks :meth:`CircuitBreaker.allow` before a checkpoint and
 reports each outcome (the writer thread reports the background ones).
 
-Off with several ranks (``enabled=False``): each rank would time its own cool-down, and a
-rank that tries while another skips can enter the first checkpoint's collective alone and
-hang the job. There every due checkpoint is still attempted, as before.
+With several ranks the decision is shared: each rank's breaker says whether it would let the
+checkpoint through, and one MIN all-reduce (``agree``, passed to :meth:`CircuitBreaker.allow`)
+makes every rank skip when any rank would. Per-rank decisions would let a rank that tries
+while another skips enter the checkpoint's collectives alone and hang the job; and a step
+is only complete with every rank's manifest, so one rank whose storage is down makes every
+rank's checkpoint useless anyway.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ FIRST_COOLDOWN = 30.0
 #: ... up to this many seconds.
 MAX_COOLDOWN = 600.0
 
-CLOSED, OPEN, HALF_OPEN, OFF = "closed", "open", "half-open", "off"
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
 
 def duration(seconds: float) -> str:
@@ -61,7 +64,6 @@ class CircuitBreaker:
         max_cooldown: float = MAX_COOLDOWN,
         clock: Callable[[], float] = time.monotonic,
         where: str = "storage",
-        enabled: bool = True,
     ) -> None:
         if threshold < 1 or first_cooldown < 0 or max_cooldown < first_cooldown:
             raise ValueError(f"CircuitBreaker: bad settings {threshold=}, {first_cooldown=}, {max_cooldown=}")
@@ -71,7 +73,7 @@ class CircuitBreaker:
         self.clock = clock
         #: what the log lines call the storage (the runtime sets the store's URL)
         self.where = where
-        self.state = CLOSED if enabled else OFF
+        self.state = CLOSED
         self.consecutive_failures = 0
         self.cooldown = 0.0
         self.retry_at: float | None = None
@@ -81,17 +83,22 @@ class CircuitBreaker:
         self.opened = 0
         self._lock = threading.Lock()
 
-    def allow(self) -> bool:
+    def allow(self, agree: Callable[[bool], bool] | None = None) -> bool:
         """Whether a due checkpoint may be attempted now.
 
         Open and cooled down: let this one through as the trial (half-open). A skipped
-        checkpoint is counted; the caller simply goes on training.
+        checkpoint is counted; the caller simply goes on training. ``agree`` turns this
+        breaker's answer into the answer of all ranks (every rank calls it at the same
+        checkpoint); only a checkpoint all let through starts a trial here.
         """
         with self._lock:
-            if self.state in (CLOSED, OFF):
-                return True
-            if self.state == OPEN and self.retry_at is not None and self.clock() >= self.retry_at:
-                self.state = HALF_OPEN
+            cooled = self.state == OPEN and self.retry_at is not None and self.clock() >= self.retry_at
+            would = self.state == CLOSED or cooled
+        go = agree(would) if agree is not None else would  # a collective: outside the lock
+        with self._lock:
+            if go:
+                if self.state == OPEN:
+                    self.state = HALF_OPEN
                 return True
             self.skipped += 1
             return False
@@ -100,8 +107,6 @@ class CircuitBreaker:
         """A checkpoint failed (before writing or on the writer thread)."""
         with self._lock:
             self.consecutive_failures += 1
-            if self.state == OFF:
-                return
             if self.state == HALF_OPEN:
                 self._open(min(self.max_cooldown, max(self.first_cooldown, self.cooldown * 2)))
                 logger.warning(
@@ -118,9 +123,6 @@ class CircuitBreaker:
     def succeeded(self, step: int | None = None) -> None:
         """A checkpoint was written: close."""
         with self._lock:
-            if self.state == OFF:
-                self.consecutive_failures = 0
-                return
             if self.state != CLOSED:
                 logger.warning(
                     "ravex: %s reachable again%s after %d failed checkpoints; checkpointing resumes",
@@ -151,10 +153,10 @@ class CircuitBreaker:
             }
 
 
-def of(owner: Any, where: str = "storage", enabled: bool = True) -> CircuitBreaker:
+def of(owner: Any, where: str = "storage") -> CircuitBreaker:
     """The breaker kept on ``owner`` (the runtime) as ``owner.breaker``, made on first use;
     a test may put its own there first (with a clock it controls)."""
     breaker = owner.__dict__.get("breaker")
     if breaker is None:
-        breaker = owner.__dict__.setdefault("breaker", CircuitBreaker(where=where, enabled=enabled))
+        breaker = owner.__dict__.setdefault("breaker", CircuitBreaker(where=where))
     return breaker

@@ -445,7 +445,8 @@ class RavexRuntime:
     def _checkpoint_now(self, st: LoaderState | None, reason: str, force: bool = False) -> bool:
         """Take a checkpoint unless the storage breaker is cooling down (ravex._breaker):
         then a due or manual one is skipped (False). The exit and signal checkpoints are
-        the last chance and always try. With several ranks the breaker is off.
+        the last chance and always try. With several ranks all skip when any rank's
+        breaker would (one small all-reduce per checkpoint).
         """
         self._due = False
         self._last_time = time.monotonic()
@@ -453,9 +454,10 @@ class RavexRuntime:
             return False
         from ravex import _breaker
 
-        breaker = _breaker.of(self, self.config.storage.url, enabled=self.world_size == 1)
-        if not (reason == "exit" or self._exit_signal is not None or breaker.allow()):
-            return False  # storage down: skipped at no cost, training goes on
+        breaker = _breaker.of(self, self.config.storage.url)
+        agree = _distributed.all_ok if self.world_size > 1 else None
+        if not (reason == "exit" or self._exit_signal is not None or breaker.allow(agree)):
+            return False  # storage down (here or on another rank): skipped at no cost, training goes on
         if not self._open_backend():
             self.checkpoint_error = self.backend_error
             breaker.failed(self.step)
@@ -580,7 +582,7 @@ class RavexRuntime:
             "last_error": (self.checkpoint_error or self.backend_error
                            or (backend.last_error if backend is not None else None)),
             "failures": backend.failures if backend is not None else 0,
-            "breaker": _breaker.of(self, self.config.storage.url, enabled=self.world_size == 1).status(),
+            "breaker": _breaker.of(self, self.config.storage.url).status(),
             "config": self.config.describe(),
         }
 

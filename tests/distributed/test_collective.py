@@ -88,3 +88,22 @@ def test_sigterm_ends_every_rank_at_one_complete_step_and_resume_is_bitwise(tmp_
             assert second.restored(rank) == final, second.explain()
         assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > final}
     h.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+
+def test_one_ranks_broken_storage_makes_every_rank_skip_checkpoints(tmp_path):
+    """Rank 1's disk fails every write: after the breaker's threshold of failed checkpoints
+    every rank skips the due ones together (a step needs all ranks' manifests, and a rank
+    that tried alone would enter the checkpoint's collectives alone). Per-rank breakers, or
+    none, make rank 0 write a useless manifest at every step; the job still ends cleanly."""
+    import json
+
+    cwd = h.workdir(tmp_path, every=1, keep_last=0)
+    run = h.run(2, cwd, h.env(T_ENTRY="activate", T_EPOCHS="2", T_FAIL_RANK="1"))
+    assert run.returncode == 0, run.explain()
+    breakers = {int(ln.split()[1]): json.loads(ln.split(" ", 2)[2]) for ln in run.stdout if ln.startswith("BREAKER ")}
+    assert breakers[1]["state"] == "open" and breakers[1]["consecutive_failures"] >= 3, breakers
+    assert breakers[0]["state"] == "closed" and breakers[0]["skipped_checkpoints"] >= 8, breakers
+    assert breakers[1]["skipped_checkpoints"] == breakers[0]["skipped_checkpoints"], breakers
+    steps = _steps(cwd)
+    assert all(ranks == {0} for ranks in steps.values()), steps  # rank 1 wrote nothing
+    assert len(steps) <= 6, f"rank 0 kept writing while rank 1 could not: {sorted(steps)}"  # ~4 tries + exit

@@ -28,6 +28,7 @@ Prints ``LOSS <rank> <step> <float.hex>`` per step, ``RESTORED <rank> <step>`` a
 first step of a resumed run, and ``FINISHED <rank>``.
 """
 
+import json
 import os
 import signal
 import sys
@@ -90,6 +91,18 @@ def install_write_block(n: int, rank: int) -> None:
     LocalStorage.write_pending = write_pending
 
 
+def install_failing_storage(rank: int) -> None:
+    """This rank's chunk writes fail with EIO (its disk broke; the other ranks' did not)."""
+    import errno
+
+    from ravex.format.storage import LocalStorage
+
+    def write_pending(self, key, data):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), key)
+
+    LocalStorage.write_pending = write_pending
+
+
 def caught_sigterm() -> threading.Event:
     """Set when SIGTERM arrives; the handler installed before (ravex's) still runs."""
     caught = threading.Event()
@@ -134,6 +147,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if os.environ.get("T_BLOCK_IN_WRITE") and rank == int(os.environ.get("T_BLOCK_RANK", "1")):
         install_write_block(int(os.environ["T_BLOCK_IN_WRITE"]), rank)
+    if os.environ.get("T_FAIL_RANK") == str(rank):
+        install_failing_storage(rank)
     torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts them anyway)
     model = nn.Sequential(nn.Linear(16, 33), nn.ReLU(), nn.Dropout(0.2), nn.Linear(33, 4))
     torch.manual_seed(100 + rank)  # then every rank its own stream
@@ -189,6 +204,7 @@ def main() -> None:
     say(f"FINISHED {rank}")
     if ENTRY == "activate":
         ravex.flush()
+        say(f"BREAKER {rank} {json.dumps(ravex.status()['breaker'])}")
     dist.destroy_process_group()
 
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
 import ravex.format.storage
-from ravex._breaker import CLOSED, HALF_OPEN, OFF, OPEN, CircuitBreaker, duration
+from ravex._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
 from ravex.format import open_store
 from ravex.format.storage import RetryPolicy
 
@@ -114,15 +114,31 @@ def test_a_success_resets_the_count_and_bad_settings_are_refused():
     assert [duration(s) for s in (30, 59.6, 60, 150, 600)] == ["30 s", "60 s", "1 min", "2.5 min", "10 min"]
 
 
-def test_off_with_several_ranks_always_allows(lines):
-    """Ranks would time their cool-downs apart; one trying alone could hang a collective."""
-    b = CircuitBreaker(threshold=1, clock=Clock(), enabled=False)
-    for _ in range(5):
-        assert b.allow()
-        b.failed()
-    assert b.status()["state"] == OFF and b.status()["consecutive_failures"] == 5 and lines.lines == []
+def test_with_several_ranks_all_skip_when_any_rank_would(lines):
+    """``agree`` stands for the ranks' MIN all-reduce: a breaker that would let a checkpoint
+    through skips it when another rank's would not, and starts no trial of its own then."""
+    clock = Clock()
+    b = CircuitBreaker(threshold=2, first_cooldown=30, clock=clock)
+    others = [True]
+    asked: list[bool] = []
+
+    def agree(mine: bool) -> bool:
+        asked.append(mine)
+        return mine and others[0]
+
+    assert b.allow(agree) and asked == [True]
+    others[0] = False  # another rank's breaker is open
+    assert not b.allow(agree) and b.state == CLOSED and b.status()["skipped_checkpoints"] == 1
+    b.failed()
+    b.failed()  # this rank opens too
+    assert b.state == OPEN
+    clock.now += 31  # cooled down here, but the other rank still skips: no trial starts
+    assert not b.allow(agree) and asked[-1] is True and b.state == OPEN
+    others[0] = True
+    assert b.allow(agree) and b.state == HALF_OPEN  # all agree: this is the trial
+    assert not b.allow(agree) and asked[-1] is False  # a trial in flight: this rank says skip
     b.succeeded()
-    assert b.status()["consecutive_failures"] == 0
+    assert b.state == CLOSED and b.allow(agree)
 
 
 # ---- a real training loop, S3 down and back ------------------------------------------------
