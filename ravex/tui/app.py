@@ -7,6 +7,7 @@ never waits on storage and never shows an answer to an old question.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from typing import Any, ClassVar
@@ -63,6 +64,10 @@ from .widgets import (
 READER_CACHE = 4
 #: Steps summarised between two refreshes of the steps pane while a long listing loads.
 STEPS_BATCH = 16
+#: Diff rows added to the table per turn of the event loop (the table measures new rows when idle).
+TABLE_BATCH = 200
+#: Progress reports while a diff measures its changed tensors, at most.
+PROGRESS_STEPS = 100
 
 
 class InspectorApp(App[None]):
@@ -393,15 +398,18 @@ class InspectorApp(App[None]):
     @work(thread=True, exclusive=True, group="diff")
     def run_diff(self, a: int, b: int, generation: int) -> None:
         try:
-            ra, rb = self.reader(a), self.reader(b)
-            result = diff_steps(ra, rb, stats=False)
+            with heap.parsing():  # 10,000 entries compared, thousands of rows made: no GC walk meanwhile
+                ra, rb = self.reader(a), self.reader(b)
+                result = diff_steps(ra, rb, stats=False)
+                rows = sorted((t for t in result.tensors if t.status != "unchanged"), key=change_order)
+                values = [v for v in result.values if v.status != "unchanged"]
+                cells = _table_rows(rows, values)
         except Exception as exc:
             self.call_from_thread(self._diff_title, generation, Text(f"diff failed: {_one_line(exc)}", "red"))
             return
-        rows = sorted((t for t in result.tensors if t.status != "unchanged"), key=change_order)
         unchanged = len(result.tensors) - len(rows)
-        values = [v for v in result.values if v.status != "unchanged"]
-        self.call_from_thread(self._diff_rows, generation, list(rows), values)
+        self.call_from_thread(self._diff_rows, generation, list(rows), values, cells)
+        every, reported = max(1, len(rows) // PROGRESS_STEPS), 0
         for i, td in enumerate(rows):
             if generation != self._generation:
                 return
@@ -412,17 +420,23 @@ class InspectorApp(App[None]):
             except Exception as exc:
                 self.call_from_thread(self.notify, f"{td.name}: {_one_line(exc)}", severity="error")
                 continue
-            self.call_from_thread(self._diff_progress, generation, i + 1, len(rows))
+            if i + 1 - reported >= every or i + 1 == len(rows):  # each report is a round trip to the UI
+                reported = i + 1
+                self.call_from_thread(self._diff_progress, generation, i + 1, len(rows))
         rows.sort(key=change_order)
         title = Text(f"step_{a} → step_{b}: ", style="bold")
         title.append(f"{len(rows)} changed, {unchanged} unchanged")
         if values:
             title.append(f", {len(values)} values changed", style="cyan")
-        self.call_from_thread(self._diff_rows, generation, rows, values)
+        self.call_from_thread(self._diff_rows, generation, rows, values, _table_rows(rows, values))
         self.call_from_thread(self._diff_title, generation, title)
 
-    def _diff_rows(self, generation: int, rows: list[TensorDiff], values: list[ValueDiff]) -> None:
-        """Changed tensors (most changed first), then changed values (lr, step ...)."""
+    async def _diff_rows(
+        self, generation: int, rows: list[TensorDiff], values: list[ValueDiff], cells: list[tuple[tuple, str]]
+    ) -> None:
+        """Changed tensors (most changed first), then changed values (lr, step ...): ``cells``, made
+        by the worker. The table measures every cell of the rows added since it was last idle, so
+        thousands of rows go in batches, with a turn of the event loop between two."""
         if generation != self._generation:
             return
         self.diff_rows = rows
@@ -430,12 +444,14 @@ class InspectorApp(App[None]):
         table = self.query_one("#diff-table", DataTable)
         cursor = table.cursor_row
         table.clear()
-        for i, td in enumerate(rows):
-            table.add_row(*diff_cells(td), key=str(i))
-        for i, vd in enumerate(values):
-            table.add_row(*value_cells(vd), key=f"v{i}")
-        if rows or values:
-            table.move_cursor(row=min(cursor, len(rows) + len(values) - 1))
+        for n, (row, key) in enumerate(cells):
+            if n and n % TABLE_BATCH == 0:
+                await asyncio.sleep(0)
+                if generation != self._generation:
+                    return  # another diff has the table now
+            table.add_row(*row, key=key)
+        if cells:
+            table.move_cursor(row=min(cursor, len(cells) - 1))
 
     def _diff_progress(self, generation: int, done: int, total: int) -> None:
         if generation == self._generation and self.diff_pair:
@@ -578,6 +594,13 @@ class InspectorApp(App[None]):
             return
         self._pending_tensor = name
         steps.highlight(step)
+
+
+def _table_rows(rows: list[TensorDiff], values: list[ValueDiff]) -> list[tuple[tuple, str]]:
+    """The diff table's cells and row keys (built in the worker: thousands of Rich Texts)."""
+    return [(diff_cells(td), str(i)) for i, td in enumerate(rows)] + [
+        (value_cells(vd), f"v{i}") for i, vd in enumerate(values)
+    ]
 
 
 class _Cancelled(Exception):

@@ -24,7 +24,9 @@ _froze = False
 
 @contextmanager
 def parsing() -> Iterator[None]:
-    """Around a worker's parse of a big step: no collection meanwhile, the result frozen after."""
+    """Around a worker's parse of a big step (or another burst of acyclic objects: a diff's rows):
+    no collection meanwhile, the result frozen after. Keep it short: the whole process goes
+    without the collector while it lasts."""
     global _busy, _was_enabled, _froze
     with _lock:
         if _busy == 0:

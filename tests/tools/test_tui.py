@@ -355,3 +355,34 @@ def test_loads_in_pieces_is_json_loads():
             json.loads(bad)
         with pytest.raises(ValueError):
             loads_in_pieces(bad)
+
+
+@aio
+async def test_a_diff_makes_its_rows_in_the_worker_and_fills_the_table_in_batches(run_store, monkeypatch):
+    """Thousands of changed tensors: the cells are made off the UI thread and the table, which
+    measures every new cell when idle, is filled a batch per turn of the event loop."""
+    import threading
+
+    import ravex.tui.app as app_module
+    from ravex.format.inspect import display_path
+
+    on_ui: list[str] = []
+    real = app_module.diff_cells
+
+    def spy(td):
+        if threading.current_thread() is threading.main_thread():
+            on_ui.append(td.name)
+        return real(td)
+
+    monkeypatch.setattr(app_module, "diff_cells", spy)
+    monkeypatch.setattr(app_module, "TABLE_BATCH", 3)  # 8 rows: three batches
+    app = InspectorApp(str(run_store))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("d")
+        await settle(pilot)
+        assert on_ui == []
+        table = app.query_one("#diff-table")
+        assert table.row_count == 8 and len(app.diff_rows) == 4
+        shown = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert shown == [display_path(t.name) for t in app.diff_rows] + [v.name for v in app.diff_values]
