@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,18 +241,24 @@ def open_step_in_pieces(store: CheckpointStore, step: int) -> StepReader:
         with store._lock:
             cached = store._manifests.get((step, rank))
         if cached is None:
-            where = f"step {step} rank {rank}"
-            try:
-                text = store.storage.read(manifest_key(step, rank)).decode("utf-8")
-                cached = Manifest.from_json(loads_in_pieces(text), where)
-            except (OSError, ValueError, RecursionError, RavexError):
+            cached = _parse_in_pieces(store, step, rank)
+            if cached is None:
                 break  # open_step reads it again and says what is wrong
-            if cached.step != step or cached.rank != rank:
-                break
             store._remember(cached)
         world = cached.world_size
         rank += 1
     return store.open_step(step)
+
+
+def _parse_in_pieces(store: CheckpointStore, step: int, rank: int) -> Manifest | None:
+    """One manifest parsed with :func:`loads_in_pieces`; None when anything is wrong with it
+    (the store's own parse then says what, in its words)."""
+    try:
+        text = store.storage.read(manifest_key(step, rank)).decode("utf-8")
+        m = Manifest.from_json(loads_in_pieces(text), f"step {step} rank {rank}")
+    except (OSError, ValueError, RecursionError, RavexError):
+        return None
+    return m if (m.step, m.rank) == (step, rank) else None
 
 
 # ---- tensors -------------------------------------------------------------------------------
@@ -466,30 +473,27 @@ def change_order(td: TensorDiff) -> tuple:
 
 
 def validate_with_progress(
-    store: CheckpointStore, full: bool = False, progress: Progress | None = None
+    store: CheckpointStore,
+    full: bool = False,
+    progress: Progress | None = None,
+    parsing: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> ValidationReport:
     """:func:`ravex.format.validate.validate`, reporting progress while ``full`` rehashes objects.
 
     The listing checks (manifests, missing and truncated objects, incomplete steps, orphans) are
     the validator's own; the rehash of every referenced object is done here, one object at a time,
-    so that a caller can show how far it got.
+    so that a caller can show how far it got. Manifests are parsed in pieces (see
+    :func:`loads_in_pieces`), each inside ``parsing()`` when given (a UI pauses its garbage
+    collector there), once each, and only a few are held at a time: 100 steps of 10,000 tensors
+    are gigabytes once parsed.
     """
     progress = progress or _noop
-    report = validate(_CountingStore(store, progress), full=False)
+    counting = _CountingStore(store, progress, parsing or nullcontext)
+    report = validate(counting, full=False)
     if not full:
         return report
     missing = {f.object for f in report.findings if f.kind in ("missing_object", "size_mismatch")}
-    referenced: dict[str, tuple[int, int, str, str]] = {}
-    for step in report.steps_checked:
-        for rank in store.step_info(step).ranks:
-            try:
-                m = store.manifest(step, rank)
-            except (RavexError, OSError):
-                continue  # reported by the validator
-            for path, entry in m.arrays.items():
-                for key, ref in entry.chunks.items():
-                    if ref.object is not None and ref.object not in missing:
-                        referenced.setdefault(ref.object, (step, rank, path, key))
+    referenced = {k: v for k, v in counting.referenced.items() if k not in missing}
     names = sorted(referenced)
     for i, name in enumerate(names):
         progress(i, len(names), name)
@@ -499,7 +503,7 @@ def validate_with_progress(
         except FileNotFoundError:
             continue
         if digest(data) != name:
-            chunks = damaged_chunks(store, name, data, report.steps_checked)
+            chunks = damaged_chunks(counting, name, data, report.steps_checked)
             report.findings.extend(chunks or [
                 Finding(
                     "hash_mismatch",
@@ -514,20 +518,48 @@ def validate_with_progress(
 
 
 class _CountingStore(CheckpointStore):
-    """The same store, reporting ``progress`` as the validator reaches each step's manifests."""
+    """The same store, reporting ``progress`` as the validator reaches each step's manifests.
 
-    def __init__(self, store: CheckpointStore, progress: Progress) -> None:
+    It parses each manifest in pieces, keeps only the last few (the validator reads a step's
+    manifests, then asks for the step's completeness, which reads them again), and notes which
+    tensor chunk first names each object, for the rehash that follows.
+    """
+
+    KEEP = 16  # manifests held: the ranks of the step being checked
+
+    def __init__(
+        self, store: CheckpointStore, progress: Progress, parsing: Callable[[], AbstractContextManager[Any]]
+    ) -> None:
         super().__init__(store.storage, store.root)
         self._progress = progress
+        self._parsing = parsing
         self._numbers = store.step_numbers()
         self._seen: set[int] = set()
+        self.referenced: dict[str, tuple[int, int, str, str]] = {}  # object -> its first chunk
         progress(0, len(self._numbers), "manifests")
 
     def manifest(self, step: int, rank: int) -> Manifest:  # docstring inherited
         if step not in self._seen:
             self._seen.add(step)
             self._progress(len(self._seen) - 1, len(self._numbers), f"step {step}")
-        return super().manifest(step, rank)
+        with self._lock:
+            m = self._manifests.get((step, rank))
+        if m is not None:
+            return m
+        with self._parsing():
+            m = _parse_in_pieces(self, step, rank) or super().manifest(step, rank)
+        self._remember(m)
+        for path, entry in m.arrays.items():
+            for key, ref in entry.chunks.items():
+                if ref.object is not None:
+                    self.referenced.setdefault(ref.object, (step, rank, path, key))
+        return m
+
+    def _remember(self, m: Manifest) -> None:
+        with self._lock:
+            self._manifests[(m.step, m.rank)] = m
+            while len(self._manifests) > self.KEEP:
+                self._manifests.popitem(last=False)
 
 
 def damaged_chunks(store: CheckpointStore, name: str, data: bytes, steps: Iterable[int]) -> list[Finding]:

@@ -532,7 +532,7 @@ class InspectorApp(App[None]):
                 self.call_from_thread(self._set_validation_progress, generation, done, total, phase)
 
         try:
-            report = validate_with_progress(self.store, full=True, progress=progress)
+            report = validate_with_progress(self.store, full=True, progress=progress, parsing=heap.parsing)
         except Exception as exc:
             failed = Text(f"validation failed: {_one_line(exc)}", "red")
             self.call_from_thread(self._set_validation_title, generation, failed)

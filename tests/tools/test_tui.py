@@ -275,7 +275,8 @@ def _blocks_store(path: Path, n: int = 600) -> Path:
 @aio
 async def test_no_manifest_is_parsed_in_one_call_and_the_gc_is_given_back(tmp_path: Path, monkeypatch):
     """json.loads of a whole manifest holds the GIL (0.2 s for 10,000 tensors): the UI thread waits
-    that long even when a worker parses. The app parses manifests in pieces instead."""
+    that long even when a worker parses. The app parses manifests in pieces instead, to open a
+    step, to diff and to validate."""
     import gc
     import json
 
@@ -296,6 +297,9 @@ async def test_no_manifest_is_parsed_in_one_call_and_the_gc_is_given_back(tmp_pa
         await settle(pilot)
         assert [t.name for t in app.diff_rows] == ["model/blocks.7/w"]
         assert gc.get_freeze_count() > 0  # the parsed steps are out of the collector's walk
+        await pilot.press("v")  # reads every manifest of the store
+        await settle(pilot)
+        assert app.validated and app.findings == []
     assert whole == []
     assert gc.get_freeze_count() == 0  # handed back on exit
 
