@@ -56,20 +56,6 @@ class GCReport:
 
 
 def retained_steps(
-    infos: list[StepInfo],
-    keep_last: int | None,
-    keep_every: int | None,
-    grace_seconds: float,
-    now: float,
-    ages: dict[int, float],
-) -> set[int]:
-    """The steps a retention policy keeps. ``None`` for both policies keeps every complete step."""
-    complete = {i.step for i in infos if i.complete}
-    return _retained(sorted(i.step for i in infos), complete.__contains__, keep_last, keep_every,
-                     grace_seconds, now, ages)
-
-
-def _retained(
     steps: list[int],
     is_complete: Callable[[int], bool],
     keep_last: int | None,
@@ -78,9 +64,10 @@ def _retained(
     now: float,
     ages: dict[int, float],
 ) -> set[int]:
-    """:func:`retained_steps` over ascending ``steps``, asking ``is_complete`` only about the
-    steps whose fate depends on it: from the newest down to the newest complete one, then the
-    ones a policy could keep. A step with no age in ``ages`` counts as young (just created)."""
+    """The steps a retention policy keeps, of ascending ``steps`` (``None`` for both policies
+    keeps every complete step). ``is_complete`` is asked only about the steps whose fate
+    depends on it: from the newest down to the newest complete one, then the ones a policy
+    could keep. A step with no age in ``ages`` counts as young (just created)."""
     newest = next((s for s in reversed(steps) if is_complete(s)), None)
     if newest is None:
         below: list[int] = []
@@ -134,7 +121,7 @@ def gc(
         return infos[step].complete
 
     ages = {s: f.mtime for s, f in listing.items() if f.mtime is not None}
-    keep = _retained(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
+    keep = retained_steps(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
     for step in listing:
         (report.kept_steps if step in keep else report.deleted_steps).append(step)
     if report.deleted_steps and not dry_run:

@@ -1,17 +1,8 @@
-"""One step as a Zarr v3 hierarchy: a read-only zarr-python ``Store``, and the key view it serves.
+"""One step as a Zarr v3 hierarchy: a read-only zarr-python ``Store`` over the step's key view.
 
-A step maps onto Zarr keys without copying anything::
-
-    zarr.json                 root group; attributes["ravex"] holds the step, the typed
-                              state tree and the metadata (spec/FORMAT.md, "Zarr view")
-    model/zarr.json           a group for every prefix of an array path
-    model/w/zarr.json         the array's exact ``zarr.json`` from the manifest
-    model/w/c/0/0             the chunk's encoded bytes: an object, a byte range of a
-                              pack object, or an inline chunk of the manifest
-
-:func:`~ravex.format.keyview.step_keys` builds that key view (in ``keyview.py``, which
-imports no zarr-python); :class:`StepStore` serves it to zarr-python, ``refs.py`` renders
-it as fsspec references and ``export.py`` as a plain directory.
+A step maps onto Zarr keys without copying anything: :func:`~ravex.format.keyview.step_keys`
+builds that key view (``keyview.py`` shows the layout; it imports no zarr-python), and
+:class:`StepStore` serves it to zarr-python.
 
     >>> group = zarr.open_group(store=StepStore("./ckpt", "latest"), mode="r")
     >>> group["model/w"][:]

@@ -88,11 +88,18 @@ def test_retention_rule_directly():
     infos = [StepInfo(1, 1, (0,), True), StepInfo(2, 1, (0,), True), StepInfo(3, 2, (0,), False),
              StepInfo(4, 1, (0,), True), StepInfo(5, 2, (0,), False), StepInfo(6, 2, (1,), False)]
     ages = {3: now - 10, 5: now - 10, 6: now - 5000}
-    assert retained_steps(infos, 1, None, 3600, now, ages) == {4, 5}  # 6 is stale, 3 is below the newest
-    assert retained_steps(infos, None, None, 3600, now, ages) == {1, 2, 4, 5}
-    assert retained_steps(infos, 2, 2, 3600, now, ages) == {2, 4, 5}
-    assert retained_steps(infos, 1, None, 1, now, ages) == {4}
-    assert retained_steps([], 1, None, 1, now, {}) == set()
+    steps, asked = [i.step for i in infos], []
+
+    def is_complete(step: int) -> bool:
+        asked.append(step)
+        return next(i.complete for i in infos if i.step == step)
+
+    assert retained_steps(steps, is_complete, 1, None, 3600, now, ages) == {4, 5}  # 6 stale, 3 below the newest
+    assert 1 not in asked and 2 not in asked  # keep_last=1: nothing below the newest complete is read
+    assert retained_steps(steps, is_complete, None, None, 3600, now, ages) == {1, 2, 4, 5}
+    assert retained_steps(steps, is_complete, 2, 2, 3600, now, ages) == {2, 4, 5}
+    assert retained_steps(steps, is_complete, 1, None, 1, now, ages) == {4}
+    assert retained_steps([], is_complete, 1, None, 1, now, {}) == set()
 
 
 def test_dry_run_deletes_nothing(store):

@@ -5,7 +5,9 @@ GC used to list each step's folder two or three times (completeness, then the ma
 read), read every manifest of every step, and send one DELETE per dropped step: ~20 LIST,
 8 GET and 6 DELETE for one ``gc(keep_last=2)`` over 8 steps. Now: one listing of ``steps/``,
 a second only after deleting, one of ``objects/``; manifests are read only for the steps the
-policy looks at; the dropped steps go in one delete.
+policy looks at; the dropped steps go in one delete. GC checks each unreferenced object's age
+again just before deleting it (spec/FORMAT.md, GC, A5): one HEAD, then the DELETE (``FsspecStorage``
+used to inherit the base class's check, a listing of the object's key: one LIST per object).
 """
 
 from __future__ import annotations
@@ -106,3 +108,48 @@ def test_a_step_committed_while_gc_deletes_keeps_its_objects(counted):
     assert_same(fresh.read(4), _state(4))
     assert_same(fresh.read(3), _state(3))
     assert validate(fresh, full=True).ok
+
+
+# ---- collecting old objects: one HEAD each, no LIST ------------------------------------------
+
+
+def test_gc_collects_each_old_object_with_one_head_and_no_list(counted):
+    url = f"s3://{BUCKET}/gcobj-{uuid.uuid4().hex[:12]}"
+    with _open(url, counted, create=True).writer() as w:
+        for step in (1, 2, 3, 4):
+            w.commit(step, _state(step))
+    store = _open(url, counted)
+    before = sum(1 for _ in store.storage.walk("objects"))
+    counted.reset_counts()
+    report = store.gc(keep_last=1, grace_seconds=0)  # every object is older than now
+    ops = counted.ops
+    assert report.deleted_steps == [1, 2, 3] and report.deleted_objects >= 3, report
+    assert report.deleted_objects + report.kept_objects == before, (report, before)
+    lists = [r.path for r in counted.log if r.op == "LIST"]
+    assert ops["LIST"] <= 3, lists  # steps/, steps/ after the delete, objects/: none per object
+    assert ops["HEAD"] == report.deleted_objects, ops  # the age check, once per collected object
+    assert ops["DELETE_MULTI"] + ops["DELETE"] == 1 + report.deleted_objects, ops  # the steps, then each object
+
+    fresh = _open(url, counted)
+    assert fresh.complete_steps() == [4]
+    assert_same(fresh.read(4), _state(4))
+    assert validate(fresh, full=True).ok
+    assert sum(1 for _ in fresh.storage.walk("objects")) == report.kept_objects
+
+
+def test_delete_if_older_heads_once_and_spares_young_and_missing_objects(counted):
+    store = _open(f"s3://{BUCKET}/gcobj-{uuid.uuid4().hex[:12]}", counted, create=True)
+    storage = store.storage
+    storage.write("objects/ab/abcd", b"x")
+    mtime = next(o.mtime for o in storage.walk("objects/ab"))
+    counted.reset_counts()
+    assert storage.delete_if_older("objects/ab/abcd", cutoff=mtime) is False  # not older than the cutoff
+    assert dict(counted.ops) == {"HEAD": 1}, counted.ops
+    counted.reset_counts()
+    # absent (another GC got there first): nothing to do; s3fs follows the 404 with one LIST of
+    # ``key/`` to tell a missing object from a folder
+    assert storage.delete_if_older("objects/ab/none", cutoff=mtime + 60) is False
+    assert counted.ops["HEAD"] == 1 and counted.ops["DELETE"] + counted.ops["DELETE_MULTI"] == 0, counted.ops
+    assert storage.exists("objects/ab/abcd")
+    assert storage.delete_if_older("objects/ab/abcd", cutoff=mtime + 60) is True
+    assert not storage.exists("objects/ab/abcd")
