@@ -6,7 +6,9 @@ while holding the GIL: 0.2-0.3 s during which the UI does not move, and the coll
 one whenever a new step has been parsed. Manifests hold no reference cycles (refcounting
 frees them), so the collector has nothing to find in them: :func:`parsing` pauses it while
 a worker builds a step and then moves what exists (:func:`gc.freeze`) out of its sight.
-:func:`release` hands everything back when the app exits.
+:func:`release` hands everything back when the app exits. The price: garbage the UI made
+(cycles among its caches) while a worker parsed is frozen too, not collected until exit
+(measured: ~3,500 objects, Textual line caches mostly, per step loaded).
 """
 
 from __future__ import annotations
