@@ -109,6 +109,7 @@ class InspectorApp(App[None]):
         self.message: str | None = None
         self._readers: OrderedDict[int, StepReader] = OrderedDict()
         self._readers_lock = threading.Lock()
+        self._step_lock = threading.Lock()
         self._generation = 0  # bumped by every new diff or validation; older workers' results are dropped
         self._pending_tensor: str | None = None
         self._step_complete = False
@@ -218,7 +219,10 @@ class InspectorApp(App[None]):
     @work(thread=True, exclusive=True, group="step")
     def load_step(self, step: int) -> None:
         try:
-            reader = self.reader(step)
+            with self._step_lock:  # one step read at a time: arrowing past ten steps reads two, not ten
+                if step != self.step:
+                    return  # the user moved on while another step was being read
+                reader = self.reader(step)
             with heap.parsing():  # ~10^5 small objects more, as acyclic as the manifests
                 leaves = step_leaves(reader)
                 nodes = tree_nodes(leaves)  # opening a group of 10,000 then scans nothing on the UI thread
