@@ -34,8 +34,13 @@ if TYPE_CHECKING:
     from .writer import StepWriter
 
 ROOT_KEY = "ravex.json"
+#: Parsed manifests kept per store: at most this many ...
 MANIFEST_CACHE_SIZE = 256
-_MANIFEST_NAME = re.compile(r"^rank-(0|[1-9][0-9]{0,8})\.json$")
+#: ... and about this many bytes of them (estimated by :func:`_parsed_bytes`). A writer
+#: remembers every manifest it commits: a 10,000-tensor manifest parses to ~30 MB, so a
+#: count alone let a long run hold gigabytes.
+MANIFEST_CACHE_BYTES = 256 << 20
+_MANIFEST_NAME = re.compile(r"^rank-(0|[1-9][0-9]{0,8})\.json\Z")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class CheckpointStore:
         self.root = root
         # manifests of complete steps (immutable), most recently used last, bounded
         self._manifests: OrderedDict[tuple[int, int], Manifest] = OrderedDict()
+        self._sizes: dict[tuple[int, int], int] = {}  # estimated bytes of each (see _parsed_bytes)
+        self._cached_bytes = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -209,16 +216,28 @@ class CheckpointStore:
         return m
 
     def _remember(self, m: Manifest) -> None:
+        """Cache a manifest of a complete step; the least recently used go first once the
+        cache holds more than :data:`MANIFEST_CACHE_SIZE` or :data:`MANIFEST_CACHE_BYTES`
+        (the newest stays, however large)."""
+        key, size = (m.step, m.rank), _parsed_bytes(m)
         with self._lock:
-            self._manifests[(m.step, m.rank)] = m
-            self._manifests.move_to_end((m.step, m.rank))
-            while len(self._manifests) > MANIFEST_CACHE_SIZE:
-                self._manifests.popitem(last=False)
+            self._manifests[key] = m
+            self._manifests.move_to_end(key)
+            self._cached_bytes += size - self._sizes.get(key, 0)
+            self._sizes[key] = size
+            while len(self._manifests) > 1 and (
+                len(self._manifests) > MANIFEST_CACHE_SIZE or self._cached_bytes > MANIFEST_CACHE_BYTES
+            ):
+                self._drop(next(iter(self._manifests)))
 
     def forget(self, step: int) -> None:
         with self._lock:
             for key in [k for k in self._manifests if k[0] == step]:
-                del self._manifests[key]
+                self._drop(key)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        del self._manifests[key]
+        self._cached_bytes -= self._sizes.pop(key, 0)
 
     # ---- verbs -------------------------------------------------------------------------
 
@@ -284,6 +303,12 @@ class CheckpointStore:
             self.forget(step)
             if isinstance(self.storage, LocalStorage):
                 self.storage.remove_empty_dir(step_dir(step))
+
+
+def _parsed_bytes(m: Manifest) -> int:
+    """Rough memory of a parsed manifest: ~2 KiB per array (its zarr.json as dicts), ~350 bytes
+    per chunk entry (key, ChunkRef, digest string)."""
+    return 4096 + sum(2048 + 350 * len(entry.chunks) for entry in m.arrays.values())
 
 
 def _missing_ranks(ranks: list[int], world: int, show: int = 8) -> str:

@@ -81,3 +81,24 @@ def test_python_float_nan_bits_round_trip(tmp_path):
     got = store.read(1)
     assert struct.pack("<d", got["a"]) == struct.pack("<d", neg_nan)
     assert struct.pack("<d", got["b"]) == struct.pack("<d", payload)
+
+
+def test_the_manifest_cache_is_bounded_in_bytes_not_only_in_count(tmp_path, monkeypatch):
+    """A writer remembers every manifest it commits; a 10,000-tensor one parses to ~30 MB, so
+    256 of them (the count bound) would be gigabytes. The byte bound evicts the oldest."""
+    from ravex.format import store as store_module
+
+    state = {f"t{i}": np.full(4, i, "float32") for i in range(200)}  # 200 arrays: ~480 KB estimated
+    one = store_module._parsed_bytes
+    monkeypatch.setattr(store_module, "MANIFEST_CACHE_BYTES", 3 * 500_000)
+    store = open_store(tmp_path / "s", create=True)
+    with store.writer() as w:
+        for step in range(1, 9):
+            state["t0"] = state["t0"] + 1
+            w.commit(step, state)
+    cached = list(store._manifests)
+    assert cached == [(6, 0), (7, 0), (8, 0)], cached  # the newest three fit
+    assert store._cached_bytes == sum(one(m) for m in store._manifests.values()) <= 3 * 500_000
+    assert store.read(2)["t0"][0] == 2  # an evicted step is read (and parsed) again
+    store.forget(8)
+    assert (8, 0) not in store._manifests and store._cached_bytes == sum(one(m) for m in store._manifests.values())
