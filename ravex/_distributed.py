@@ -404,7 +404,9 @@ def load_tree(store: Any, step: int, rank: int, world: int) -> dict[str, Any]:
     else:
         for k in PER_RANK:
             tree.pop(k, None)
-    per_rank = _read_all(reader, per_rank)
+    from ravex import _state
+
+    per_rank = _state.read_refs(per_rank)  # (one reader: the refs all come from reader.tree)
     own = src == rank
     if saved_world != world:
         logger.warning("ravex: step %d was written by %d rank(s), this run has %d: model and "
@@ -414,8 +416,6 @@ def load_tree(store: Any, step: int, rank: int, world: int) -> dict[str, Any]:
         for entry in per_rank.get("loaders", []):
             entry["yielded"] = int(entry["yielded"]) * saved_world // world
     if not own:
-        from ravex import _state
-
         per_rank["rng"] = _state.capture_rng()  # no saved stream for a new rank: keep ours
     tree.update(per_rank)
     tree.setdefault("distributed", {"world_size": saved_world, "rank": src, "layout": LAYOUT})
@@ -522,18 +522,3 @@ def _read_shard(reader: Any, ref: Any, live: Any) -> Any:
     local = _state.as_tensor(reader.read_array(ref.path, rows=rows)).to(live.device)
     return DTensor.from_local(local, mesh, placements, run_check=False,
                               shape=live.shape, stride=live.stride())
-
-
-def _read_all(reader: Any, tree: Any) -> Any:
-    from ravex.format import ArrayRef
-
-    paths: list[str] = []
-
-    def note(v: Any) -> Any:
-        if isinstance(v, ArrayRef):
-            paths.append(v.path)
-        return v
-
-    _map(tree, note)
-    arrays = reader.read_arrays(paths) if paths else {}
-    return _map(tree, lambda v: arrays[v.path] if isinstance(v, ArrayRef) else v)

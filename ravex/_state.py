@@ -355,13 +355,20 @@ def read_small(tree: dict[str, Any]) -> dict[str, Any]:
     truncated object is thus rejected here, before anything live has changed, and the
     runtime can fall back to an older one."""
     deferred = _deferred(tree)
-    keep = {id(r) for r in deferred}
-    small: list[ArrayRef] = []
+    if deferred:
+        deferred[0].reader.check_objects([r.path for r in deferred])
+    return read_refs(tree, keep={id(r) for r in deferred})
+
+
+def read_refs(tree: Any, keep: set[int] | frozenset[int] = frozenset()) -> Any:
+    """``tree`` with every :class:`ArrayRef` leaf (but those whose ``id`` is in ``keep``)
+    replaced by its array, all of them fetched in one parallel read."""
+    refs: list[ArrayRef] = []
 
     def note(value: Any) -> None:
         if isinstance(value, ArrayRef):
             if id(value) not in keep:
-                small.append(value)
+                refs.append(value)
         elif isinstance(value, dict):
             for v in value.values():
                 note(v)
@@ -370,11 +377,9 @@ def read_small(tree: dict[str, Any]) -> dict[str, Any]:
                 note(v)
 
     note(tree)
-    if deferred:
-        deferred[0].reader.check_objects([r.path for r in deferred])
-    if not small:
+    if not refs:
         return tree
-    arrays = small[0].reader.read_arrays([r.path for r in small])
+    arrays = refs[0].reader.read_arrays([r.path for r in refs])
 
     def fill(value: Any) -> Any:
         if isinstance(value, ArrayRef):
