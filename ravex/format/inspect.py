@@ -238,8 +238,7 @@ def open_step_in_pieces(store: CheckpointStore, step: int) -> StepReader:
     """
     rank, world = 0, 1
     while rank < world:
-        with store._lock:
-            cached = store._manifests.get((step, rank))
+        cached = store.cached_manifest(step, rank)
         if cached is None:
             cached = _parse_in_pieces(store, step, rank)
             if cached is None:
@@ -525,7 +524,7 @@ class _CountingStore(CheckpointStore):
     tensor chunk first names each object, for the rehash that follows.
     """
 
-    KEEP = 16  # manifests held: the ranks of the step being checked
+    manifest_cache_size = 16  # manifests held: the ranks of the step being checked
 
     def __init__(
         self, store: CheckpointStore, progress: Progress, parsing: Callable[[], AbstractContextManager[Any]]
@@ -542,8 +541,7 @@ class _CountingStore(CheckpointStore):
         if step not in self._seen:
             self._seen.add(step)
             self._progress(len(self._seen) - 1, len(self._numbers), f"step {step}")
-        with self._lock:
-            m = self._manifests.get((step, rank))
+        m = self.cached_manifest(step, rank)
         if m is not None:
             return m
         with self._parsing():
@@ -554,12 +552,6 @@ class _CountingStore(CheckpointStore):
                 if ref.object is not None:
                     self.referenced.setdefault(ref.object, (step, rank, path, key))
         return m
-
-    def _remember(self, m: Manifest) -> None:
-        with self._lock:
-            self._manifests[(m.step, m.rank)] = m
-            while len(self._manifests) > self.KEEP:
-                self._manifests.popitem(last=False)
 
 
 def damaged_chunks(store: CheckpointStore, name: str, data: bytes, steps: Iterable[int]) -> list[Finding]:

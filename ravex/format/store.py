@@ -17,6 +17,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,9 @@ def now_iso() -> str:
 class CheckpointStore:
     """One Ravex store. Open with :func:`open_store`."""
 
+    #: Parsed manifests this store keeps (a subclass that reads steps once may keep fewer).
+    manifest_cache_size = MANIFEST_CACHE_SIZE
+
     def __init__(self, storage: Storage, root: dict[str, Any]) -> None:
         self.storage = storage
         self.root = root
@@ -109,20 +113,14 @@ class CheckpointStore:
         out = {}
         for step in sorted(found):
             files = found[step]
-            ranks = sorted(int(m.group(1)) for m in map(_MANIFEST_NAME.match, files) if m)
-            out[step] = StepFiles(step, tuple(sorted(files)), tuple(ranks), max(files.values(), default=None))
+            newest = max(files.values(), default=None)
+            out[step] = StepFiles(step, tuple(sorted(files)), tuple(_ranks_of(files)), newest)
         return out
 
     def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
         """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
         listing found there) and reads its manifests (cached once the step is complete)."""
-        if ranks is None:
-            ranks = [
-                int(m.group(1))
-                for m in map(_MANIFEST_NAME.match, self.storage.list_dir(step_dir(step)))
-                if m
-            ]
-        ranks = sorted(ranks)
+        ranks = sorted(ranks) if ranks is not None else _ranks_of(self.storage.list_dir(step_dir(step)))
         if not ranks:
             return StepInfo(step, None, (), False, "no manifest")
         try:
@@ -198,11 +196,7 @@ class CheckpointStore:
 
     def manifest(self, step: int, rank: int) -> Manifest:
         """Parse one manifest (cached once its step is known to be immutable)."""
-        key = (step, rank)
-        with self._lock:
-            cached = self._manifests.get(key)
-            if cached is not None:
-                self._manifests.move_to_end(key)
+        cached = self.cached_manifest(step, rank)
         if cached is not None:
             return cached
         where = f"step {step} rank {rank}"
@@ -215,9 +209,18 @@ class CheckpointStore:
             raise ManifestError(f"{where}: manifest says step {m.step} rank {m.rank}")
         return m
 
+    def cached_manifest(self, step: int, rank: int) -> Manifest | None:
+        """The parsed manifest if this store holds it (marked recently used), else None."""
+        key = (step, rank)
+        with self._lock:
+            cached = self._manifests.get(key)
+            if cached is not None:
+                self._manifests.move_to_end(key)
+        return cached
+
     def _remember(self, m: Manifest) -> None:
         """Cache a manifest of a complete step; the least recently used go first once the
-        cache holds more than :data:`MANIFEST_CACHE_SIZE` or :data:`MANIFEST_CACHE_BYTES`
+        cache holds more than :attr:`manifest_cache_size` or :data:`MANIFEST_CACHE_BYTES`
         (the newest stays, however large)."""
         key, size = (m.step, m.rank), _parsed_bytes(m)
         with self._lock:
@@ -226,7 +229,7 @@ class CheckpointStore:
             self._cached_bytes += size - self._sizes.get(key, 0)
             self._sizes[key] = size
             while len(self._manifests) > 1 and (
-                len(self._manifests) > MANIFEST_CACHE_SIZE or self._cached_bytes > MANIFEST_CACHE_BYTES
+                len(self._manifests) > self.manifest_cache_size or self._cached_bytes > MANIFEST_CACHE_BYTES
             ):
                 self._drop(next(iter(self._manifests)))
 
@@ -303,6 +306,11 @@ class CheckpointStore:
             self.forget(step)
             if isinstance(self.storage, LocalStorage):
                 self.storage.remove_empty_dir(step_dir(step))
+
+
+def _ranks_of(names: Iterable[str]) -> list[int]:
+    """The ranks whose manifest (``rank-<r>.json``) is among a step folder's file names, ascending."""
+    return sorted(int(m.group(1)) for m in map(_MANIFEST_NAME.match, names) if m)
 
 
 def _parsed_bytes(m: Manifest) -> int:

@@ -13,7 +13,6 @@ Findings name the step, rank, tensor and chunk involved. Kinds:
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from .codecs import pipeline
 from .dtypes import data_type
 from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFoundError, UnsafeNameError
 from .hashing import digest
+from .keyview import decoded_chunk_size
 from .manifest import ArrayEntry, ChunkRef, Manifest
 from .names import is_decimal, object_key
 from .storage import Storage
@@ -96,7 +96,7 @@ def _chunk_damaged(data: bytes, ref: ChunkRef, entry: ArrayEntry) -> bool:
         pipe = pipeline(entry.codecs)
         if pipe.compressor is None:
             return digest(stored) != ref.raw
-        decoded = pipe.decode(stored, math.prod(entry.chunk_shape) * data_type(entry.data_type).itemsize)
+        decoded = pipe.decode(stored, decoded_chunk_size(entry))
     except Exception:
         return True
     return digest(decoded) != ref.raw
