@@ -32,6 +32,37 @@ def test_noncontiguous_and_zero_dim_tensors_are_staged_contiguous():
     assert staged["s"].shape == () and float(staged["s"]) == 5.0
 
 
+def test_staged_sequences_of_plain_values_are_private_copies():
+    """The fast path for lists of plain values (Python's RNG state, param_groups' params)
+    must still hand the writer a copy: the live list may change before it is written."""
+    stager = Stager(as_numpy=True)
+    params, rng = [0, 1, 2], (3, tuple(range(625)), None)
+    staged = stager.stage({"params": params, "rng": rng, "mixed": [1, torch.ones(2)]})
+    params.append(3)
+    assert staged["params"] == [0, 1, 2] and staged["params"] is not params
+    assert staged["rng"] == rng
+    assert isinstance(staged["mixed"][1], np.ndarray)  # a list with a tensor is still walked
+
+
+def test_staging_buffers_of_every_dtype_hold_the_bytes():
+    """CPU staging buffers come from numpy's allocator (huge pages) viewed as the tensor's
+    dtype: every dtype and shape must round-trip, including the ones numpy lacks."""
+    tree = {
+        "f32": torch.randn(3, 5), "bf16": torch.randn(7, dtype=torch.bfloat16),
+        "f8": torch.randn(9).to(torch.float8_e4m3fn), "i64": torch.arange(6).reshape(2, 3),
+        "bool": torch.tensor([True, False, True]), "c64": torch.randn(4, dtype=torch.complex64),
+        "empty": torch.zeros(0, 3), "scalar": torch.tensor(2.5, dtype=torch.float16),
+    }
+    staged = Stager(as_numpy=False).stage(tree)
+    for name, src in tree.items():
+        buf = staged[name]
+        assert buf.dtype == src.dtype and buf.shape == src.shape and buf.is_contiguous(), name
+        assert torch.equal(buf.view(torch.uint8) if buf.dtype == torch.float8_e4m3fn else buf,
+                           src.view(torch.uint8) if src.dtype == torch.float8_e4m3fn else src), name
+        if src.numel():
+            assert buf.data_ptr() != src.data_ptr(), name
+
+
 def test_one_write_in_flight_and_backpressure_is_measured():
     release = threading.Event()
     started = threading.Event()
