@@ -55,6 +55,7 @@ class Config:
     intervals: int = 10  # (b)/(d) checkpoints; (c) uses min(intervals, 4)
     reps: int = 3
     a_reps: int = 5  # (a) is the headline: more repetitions
+    e_reps: int = 7  # (e) loads are cheap and swing with the VM's memory (fresh pages): more of them
     overhead_pairs: int = 40  # (f) interleaved off/on blocks
     overhead_steps: int = 100  # (f) steps per block
     scratch: str = "/tmp"
@@ -170,6 +171,10 @@ def dcp_async(state: Any, path: str) -> tuple[float, float]:
 
 # ---- (a) stall of a full checkpoint -----------------------------------------------------------
 
+#: The disk written as a content-addressed store would be at best: 4 MiB objects from 4
+#: threads, fsync'd together at the end.
+DISK_OBJECTS = "disk: 4 MiB objects x4, fsyncs at end"
+
 
 def a_stall(cfg: Config) -> dict[str, Any]:
     log = cfg.log
@@ -185,7 +190,7 @@ def a_stall(cfg: Config) -> dict[str, Any]:
     store = os.path.join(root, "ravex")
     first: dict[str, Any] = {}
     names = ["bare copy into reused buffers", "ravex.checkpoint", "torch.save", "safetensors.save_file",
-             "dcp.save", "dcp.async_save", "disk: one file + fsync"]
+             "dcp.save", "dcp.async_save", "disk: one file + fsync", DISK_OBJECTS]
     blocking = {n: Timed() for n in names}
     durable = {n: Timed() for n in names}
     ck_runs: list[dict[str, Any]] = []
@@ -218,6 +223,7 @@ def a_stall(cfg: Config) -> dict[str, Any]:
                 ("dcp.save", sync(lambda p: C.dcp_save(state, p))),
                 ("dcp.async_save", lambda p: dcp_async(state, p)),
                 ("disk: one file + fsync", sync(lambda p: L.disk_one_file(p, nbytes))),
+                (DISK_OBJECTS, sync(lambda p: L.disk_objects(p, nbytes, defer=True))),
             ]
             for i, (name, fn) in _rotated(entries, rep):
                 path = os.path.join(root, f"{i}-r{rep}")
@@ -235,7 +241,11 @@ def a_stall(cfg: Config) -> dict[str, Any]:
     med = {n: blocking[n].median for n in names}
     stall = med["ravex.checkpoint"]
     copy = med["bare copy into reused buffers"]
-    disk = durable["disk: one file + fsync"].median
+    # The disk's bandwidth is the better of the two ways of writing it: this virtual disk
+    # has had hours when one stream ran at 1 GiB/s and hours when it ran at 0.3 GiB/s
+    # while parallel writes stayed near 1 GiB/s. Against the better one, the goal is strict.
+    disk_by = {n: durable[n].median for n in ("disk: one file + fsync", DISK_OBJECTS)}
+    disk = min(disk_by.values())
     bg = _med([r["background_s"] for r in ck_runs])
     out = {
         "state": {"tensors": len(arrays), "tensor_bytes": nbytes, "tensor_gib": round(nbytes / GIB, 4),
@@ -255,6 +265,9 @@ def a_stall(cfg: Config) -> dict[str, Any]:
             "dcp_async_blocking_over_stall": _r(med["dcp.async_save"] / stall, 2),
             "first_stall_over_bare_copy": _r(first["ravex.checkpoint"]["stall_s"] / copy, 3),
             "background_write_fraction_of_disk": _r(disk / bg, 3),
+            "disk_reference": min(disk_by, key=disk_by.__getitem__),
+            "background_write_fraction_of_disk_one_file": _r(disk_by["disk: one file + fsync"] / bg, 3),
+            "background_write_fraction_of_disk_objects": _r(disk_by[DISK_OBJECTS] / bg, 3),
             "ravex_durable_over_torch_save": _r(durable["ravex.checkpoint"].median / durable["torch.save"].median, 3),
             "ravex_durable_over_dcp_async": _r(durable["ravex.checkpoint"].median
                                                / durable["dcp.async_save"].median, 3),
@@ -288,7 +301,8 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
         del dense, st
         _free()
     nbytes = apparent_size(kept["torch.save"])
-    log(f"(e) load: {nbytes / MIB:.0f} MiB, warm page cache, {cfg.reps} reps ...")
+    reps = max(cfg.reps, cfg.e_reps)
+    log(f"(e) load: {nbytes / MIB:.0f} MiB, warm page cache, {reps} reps ...")
 
     # resume as the runtime does it: a rerun builds the same model, activates, and the first
     # forward restores; against torch.load + load_state_dict into the same objects
@@ -335,12 +349,11 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
     tm = {n: Timed() for n, _, _ in entries}
     split["activate"].clear()
     split["read_restore"].clear()
-    for rep in range(cfg.reps):
+    for rep in range(reps):
         for _i, (name, path, fn) in _rotated(entries, rep):
-
             dt = _timed_load(fn, path)
             tm[name].times.append(dt)
-            log(f"  rep {rep + 1}/{cfg.reps} {name:<40} {dt:7.3f} s")
+            log(f"  rep {rep + 1}/{reps} {name:<40} {dt:7.3f} s")
             _free()
     base = tm["torch.load"].median
     base_resume = tm["resume: torch.load + load_state_dict"].median
@@ -352,6 +365,15 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
         "ravex_resume_read_restore_over_torch_resume": _r(_med(split["read_restore"]) / base_resume, 3),
         "ravex_resume_over_torch_resume": _r(tm["resume: ravex runtime (read + restore)"].median / base_resume, 3),
         "torch_load_fraction_of_read_bandwidth": _r(tm["disk: read one file"].median / base, 3),
+    }
+    # the same ratios rep by rep (each rep times both, in a rotated order): how far one run swings
+    def per_rep(mine: str, theirs: str) -> list[float | None]:
+        return [_r(a / b, 3) for a, b in zip(tm[mine].times, tm[theirs].times, strict=True)]
+
+    out["ratios_per_rep"] = {
+        "ravex_load_over_torch_load": per_rep("ravex.load", "torch.load"),
+        "ravex_resume_over_torch_resume": per_rep("resume: ravex runtime (read + restore)",
+                                                  "resume: torch.load + load_state_dict"),
     }
     if made_here:
         remove(os.path.join(cfg.scratch, "e"))
