@@ -23,7 +23,7 @@ from .dtypes import data_type
 from .errors import ManifestError, RavexError
 from .hashing import digest
 from .manifest import ArrayEntry, Manifest
-from .names import manifest_key, object_key, step_dir, unescape_key
+from .names import manifest_key, manifest_ranks, object_key, step_dir, unescape_key
 from .reader import ArrayRef, StepReader
 from .store import CheckpointStore
 from .validate import Finding, ValidationReport, validate
@@ -73,7 +73,6 @@ class StepSummary:
 #: A manifest's small fields (step, rank, world_size, run, created_at, metadata, stats) come before
 #: its tree and arrays; a listing reads this many bytes of each manifest instead of all of it.
 HEADER_BYTES = 64 << 10
-_MANIFEST_NAME = re.compile(r"^rank-(\d+)\.json$")
 
 
 def read_manifest_header(store: CheckpointStore, step: int, rank: int) -> dict[str, Any]:
@@ -123,9 +122,7 @@ def summarize_step(store: CheckpointStore, step: int) -> StepSummary:
     ``0..W-1`` (and no others) exist and agree on ``world_size`` ``W`` and ``run``; for ``W > 1``
     the store is asked too, since whether the ranks' tensors merge needs their whole manifests.
     """
-    ranks = sorted(
-        int(m.group(1)) for m in map(_MANIFEST_NAME.match, store.storage.list_dir(step_dir(step))) if m
-    )
+    ranks = manifest_ranks(store.storage.list_dir(step_dir(step)))
     if not ranks:
         return StepSummary(step, False, "no manifest", None, ())
     headers: dict[int, dict[str, Any]] = {}

@@ -12,6 +12,7 @@ real key, so the path only needs to be unique and valid.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
 from .errors import UnsafeNameError
@@ -83,3 +84,13 @@ def step_dir(step: int) -> str:
 def manifest_key(step: int, rank: int) -> str:
     """Storage key of one rank's manifest for a step."""
     return f"steps/{step}/rank-{rank}.json"
+
+
+_MANIFEST_NAME = re.compile(r"rank-(0|[1-9][0-9]{0,8})\.json")
+
+
+def manifest_ranks(names: Iterable[str]) -> list[int]:
+    """The ranks whose manifest (``rank-<r>.json``, as :func:`manifest_key` names it) is among
+    a step folder's file names, ascending. Other names (temp files, ``rank-01.json``) are not
+    manifests."""
+    return sorted(int(m.group(1)) for m in map(_MANIFEST_NAME.fullmatch, names) if m)

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -26,7 +24,7 @@ from ._version import FORMAT_NAME, SPEC_VERSION, check_version
 from .errors import ManifestError, RavexError, StepNotFoundError, StoreNotFoundError
 from .hashing import HASH_NAME
 from .manifest import Manifest
-from .names import is_decimal, manifest_key, step_dir
+from .names import is_decimal, manifest_key, manifest_ranks, step_dir
 from .storage import LocalStorage, RetryPolicy, Storage, open_storage
 
 if TYPE_CHECKING:
@@ -41,7 +39,6 @@ MANIFEST_CACHE_SIZE = 256
 #: remembers every manifest it commits: a 10,000-tensor manifest parses to ~30 MB, so a
 #: count alone let a long run hold gigabytes.
 MANIFEST_CACHE_BYTES = 256 << 20
-_MANIFEST_NAME = re.compile(r"^rank-(0|[1-9][0-9]{0,8})\.json\Z")
 
 
 @dataclass(frozen=True)
@@ -114,13 +111,13 @@ class CheckpointStore:
         for step in sorted(found):
             files = found[step]
             newest = max(files.values(), default=None)
-            out[step] = StepFiles(step, tuple(sorted(files)), tuple(_ranks_of(files)), newest)
+            out[step] = StepFiles(step, tuple(sorted(files)), tuple(manifest_ranks(files)), newest)
         return out
 
     def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
         """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
         listing found there) and reads its manifests (cached once the step is complete)."""
-        ranks = sorted(ranks) if ranks is not None else _ranks_of(self.storage.list_dir(step_dir(step)))
+        ranks = sorted(ranks) if ranks is not None else manifest_ranks(self.storage.list_dir(step_dir(step)))
         if not ranks:
             return StepInfo(step, None, (), False, "no manifest")
         try:
@@ -131,6 +128,7 @@ class CheckpointStore:
         missing = _missing_ranks(ranks, world)
         if missing:
             return StepInfo(step, world, tuple(ranks), False, f"missing manifests of ranks {missing}")
+        manifests = [first]
         for r in ranks[1:]:
             try:
                 other = self.manifest(step, r)
@@ -141,9 +139,9 @@ class CheckpointStore:
                     step, world, tuple(ranks), False,
                     f"rank {r} belongs to another run or world size (mixed writers)",
                 )
+            manifests.append(other)
         if ranks[-1] >= world:
             return StepInfo(step, world, tuple(ranks), False, f"rank {ranks[-1]} is beyond world_size {world}")
-        manifests = [first] + [self.manifest(step, r) for r in ranks[1:]]
         if world > 1:
             from .reader import _merge
 
@@ -306,11 +304,6 @@ class CheckpointStore:
             self.forget(step)
             if isinstance(self.storage, LocalStorage):
                 self.storage.remove_empty_dir(step_dir(step))
-
-
-def _ranks_of(names: Iterable[str]) -> list[int]:
-    """The ranks whose manifest (``rank-<r>.json``) is among a step folder's file names, ascending."""
-    return sorted(int(m.group(1)) for m in map(_MANIFEST_NAME.match, names) if m)
 
 
 def _parsed_bytes(m: Manifest) -> int:

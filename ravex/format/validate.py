@@ -22,7 +22,7 @@ from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFound
 from .hashing import digest
 from .keyview import decoded_chunk_size
 from .manifest import ArrayEntry, ChunkRef, Manifest
-from .names import is_decimal, object_key
+from .names import manifest_ranks, object_key, step_dir
 from .storage import Storage
 
 ERROR_KINDS = {
@@ -156,14 +156,11 @@ def validate(
         if steps is not None and step not in steps:
             continue
         report.steps_checked.append(step)
-        names = storage.list_dir(f"steps/{step}")
-        ranks = []
-        for name in names:
-            if name.startswith("rank-") and name.endswith(".json") and is_decimal(name[5:-5]):
-                ranks.append(int(name[5:-5]))
+        ranks = manifest_ranks(storage.list_dir(step_dir(step)))
+        info = store.step_info(step, ranks)  # a complete step's manifests are parsed once, here
         good = True
         manifests = []
-        for rank in sorted(ranks):
+        for rank in ranks:
             try:
                 m = store.manifest(step, rank)
             except UnsafeNameError as exc:
@@ -198,7 +195,6 @@ def validate(
                                     f"{where}: object {ref.object} has {found[1]} bytes, manifest says {want}",
                                     step, rank, path, key, ref.object)
                         )
-        info = store.step_info(step)
         if good and not info.complete:
             report.findings.append(
                 Finding("incomplete_step", f"step {step}: {info.problem} (ignored by readers)", step)
