@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._copier import Copier, byte_view
 from .format.dtypes import data_type
 
 logger = logging.getLogger("ravex")
@@ -135,6 +136,7 @@ class Stager:
         #: path -> the probe's sample of its buffer (a buffer changes only when we copy into it)
         self._buffer_sample: dict[tuple, bytes] = {}
         self._stages = 0
+        self._copier = Copier()
         self._warned: set[str] = set()
         self.nbytes = 0
         self.copied_bytes = 0
@@ -161,10 +163,12 @@ class Stager:
         self._probes: list[tuple[tuple, torch.Tensor, tuple[torch.Tensor, Any], int]] = []
         try:
             out = self._walk(tree, ())
-            self._check_probes()
+            self._check_probes()  # (reads only skipped tensors' buffers, which no copy writes)
+            self._copier.run()
             if self._cuda:
                 torch.cuda.synchronize()
         except BaseException:
+            self._copier.discard()
             self._seen.clear()  # buffers may be half filled: trust none of them next time
             raise
         finally:
@@ -230,11 +234,17 @@ class Stager:
         return entry[1]
 
     def _copy(self, src: torch.Tensor, buf: torch.Tensor, size: int) -> None:
+        """Copy now (CUDA: queued on the stream) or queue it for the shared CPU copy."""
         if src.is_cuda:
             self._cuda = True
             buf.copy_(src, non_blocking=True)
         else:
-            _copy_cpu(buf, src)
+            src_bytes = byte_view(src) if size else None
+            dst_bytes = byte_view(buf) if src_bytes is not None else None
+            if dst_bytes is None:
+                _copy_cpu(buf, src)
+            else:
+                self._copier.add(src_bytes, dst_bytes)
         self.copied_bytes += size
         self.copied_tensors += 1
 
@@ -276,6 +286,7 @@ class Stager:
             logger.warning("%s", message)
 
     def release(self) -> None:
+        self._copier.close()
         self._buffers.clear()
         self._seen.clear()
         self._buffer_sample.clear()

@@ -1,0 +1,97 @@
+"""The stage's CPU copies, shared between the training thread and helper threads.
+
+The training loop is blocked while its state is copied into the staging buffers, and a
+single thread copies at about half of what two do on these machines (1 GiB: 0.121 s on one
+thread, 0.063 s on two, measured right after an optimizer step). So the copies are cut
+into pieces of at most :data:`PIECE_BYTES` and handed out one at a time, from one queue,
+to the calling thread and to :data:`HELPERS` helper threads. The caller works through the
+queue itself, so a helper that the machine does not schedule costs nothing but the one
+piece it took (~1.5 ms); this is why the copy is not ``Tensor.copy_``'s intra-op split,
+which hands each thread a fixed share and then waits for the slowest (3.7x a bare copy on a
+busy machine, see ``_saver._copy_cpu``). ``np.copyto`` releases the GIL while it copies.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+#: Largest piece of one tensor's bytes a thread takes at a time.
+PIECE_BYTES = 8 << 20
+#: Helper threads (besides the caller); at most 3: memory bandwidth, not cores, is the limit.
+HELPERS = max(0, min(3, (os.cpu_count() or 1) - 1))
+#: Below this many bytes in one stage the caller copies alone (waking a helper costs more).
+PARALLEL_MIN_BYTES = 4 * PIECE_BYTES
+
+
+def byte_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """A flat uint8 numpy view of a contiguous CPU tensor's bytes (any dtype, no
+    ``ml_dtypes``), or None where there is none (strided, conjugate/negative bits, exotic
+    tensors): those are copied by ``copy_`` on the caller's thread."""
+    if tensor.is_conj() or tensor.is_neg() or not tensor.is_contiguous():
+        return None
+    try:
+        return tensor.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+class Copier:
+    """Collects ``(source bytes, destination bytes)`` pairs, then copies them all in :meth:`run`."""
+
+    def __init__(self, helpers: int = HELPERS) -> None:
+        self._helpers = helpers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        self._bytes = 0
+
+    def add(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Queue a copy of ``src`` into ``dst`` (flat uint8 arrays of one size)."""
+        self._pairs.append((src, dst))
+        self._bytes += src.nbytes
+
+    def run(self) -> None:
+        """Copy everything queued; returns when every byte is in place (or raises the first error)."""
+        pairs, self._pairs, total, self._bytes = self._pairs, [], self._bytes, 0
+        if not pairs:
+            return
+        if self._helpers == 0 or total < PARALLEL_MIN_BYTES:
+            for src, dst in pairs:
+                np.copyto(dst, src)
+            return
+        pieces = [(src[at:at + PIECE_BYTES], dst[at:at + PIECE_BYTES])
+                  for src, dst in pairs for at in range(0, src.nbytes, PIECE_BYTES)]
+        order = iter(range(len(pieces)))
+        lock = threading.Lock()
+
+        def drain() -> None:
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                np.copyto(pieces[i][1], pieces[i][0])
+
+        if self._pool is None or self._pid != os.getpid():  # a forked child has none of our threads
+            self._pool, self._pid = ThreadPoolExecutor(self._helpers, thread_name_prefix="ravex-stage"), os.getpid()
+        helpers = [self._pool.submit(drain) for _ in range(min(self._helpers, len(pieces) - 1))]
+        try:
+            drain()
+        finally:
+            for fut in helpers:  # one that never started is not waited for; one that did has one piece left at most
+                if not fut.cancel():
+                    fut.result()
+
+    def discard(self) -> None:
+        """Forget what is queued (the stage failed before running it)."""
+        self._pairs, self._bytes = [], 0
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

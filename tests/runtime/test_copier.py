@@ -1,0 +1,107 @@
+"""The stage's shared CPU copy: every byte lands, whoever copies it, and a helper that does not
+run never holds the training thread."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import torch
+
+from ravex import _copier
+from ravex._copier import PIECE_BYTES, Copier, byte_view
+from ravex._saver import Stager
+
+
+def _pairs(sizes: list[int], seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 256, n, dtype=np.uint8), np.zeros(n, dtype=np.uint8)) for n in sizes]
+
+
+def test_every_byte_lands_across_piece_boundaries():
+    sizes = [PIECE_BYTES * 3 + 17, 1, PIECE_BYTES - 1, PIECE_BYTES, 5 * PIECE_BYTES + PIECE_BYTES // 2]
+    pairs = _pairs(sizes)
+    copier = Copier(helpers=2)
+    for src, dst in pairs:
+        copier.add(src, dst)
+    copier.run()
+    assert all(np.array_equal(src, dst) for src, dst in pairs)
+    copier.run()  # nothing queued: nothing happens
+    copier.close()
+
+
+def test_a_helper_that_never_runs_does_not_hold_the_caller():
+    """The helper thread is kept busy elsewhere for the whole copy: the caller copies every
+    piece itself and returns without waiting for the helper to come free."""
+    copier = Copier(helpers=1)
+    pairs = _pairs([8 * PIECE_BYTES])
+    copier.add(*pairs[0])
+    copier.run()  # starts the pool
+    held, release = threading.Event(), threading.Event()
+    assert copier._pool is not None
+    blocker = copier._pool.submit(lambda: (held.set(), release.wait()))
+    assert held.wait(10)
+    pairs = _pairs([8 * PIECE_BYTES], seed=1)
+    copier.add(*pairs[0])
+    done = threading.Thread(target=copier.run)
+    done.start()
+    done.join(30)
+    finished = not done.is_alive()
+    release.set()
+    blocker.result()
+    done.join()
+    assert finished, "the copy waited for a helper that never started"
+    assert np.array_equal(*pairs[0])
+    copier.close()
+
+
+def _child_copies(copier: Copier, out: multiprocessing.Queue) -> None:
+    pairs = _pairs([8 * PIECE_BYTES], seed=2)
+    copier.add(*pairs[0])
+    copier.run()
+    out.put(bool(np.array_equal(*pairs[0])))
+
+
+def test_a_forked_child_starts_its_own_helpers():
+    """After fork() the child has none of the parent's threads: reusing the parent's pool
+    would queue work no thread takes."""
+    copier = Copier(helpers=1)
+    copier.add(*_pairs([8 * PIECE_BYTES])[0])
+    copier.run()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_copies, args=(copier, out))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0 and out.get(timeout=5) is True
+    copier.close()
+
+
+def test_byte_view_covers_dtypes_and_refuses_what_it_cannot_view():
+    for t in (torch.randn(3, 4), torch.randn(5, dtype=torch.bfloat16), torch.tensor(2.0),
+              torch.ones(3, dtype=torch.bool), torch.randn(4).to(torch.float8_e5m2)):
+        view = byte_view(t)
+        assert view is not None and view.nbytes == t.numel() * t.element_size()
+    assert byte_view(torch.randn(4, 3).T) is None
+    assert byte_view(torch.randn(3, dtype=torch.complex64).conj()) is None
+
+
+def test_a_large_stage_goes_through_the_helpers_and_is_exact(monkeypatch):
+    calls = []
+    real_run = Copier.run
+
+    def run(self):
+        calls.append(self._bytes)
+        real_run(self)
+
+    monkeypatch.setattr(Copier, "run", run)
+    tree = {f"w{i}": torch.randn(1_000_003 + i) for i in range(12)}  # ~48 MiB, odd sizes
+    tree["t"] = torch.randn(64, 32).T  # strided: copied on the caller's thread
+    staged = Stager(as_numpy=False).stage(tree)
+    assert calls and calls[0] >= _copier.PARALLEL_MIN_BYTES
+    for name, src in tree.items():
+        assert torch.equal(staged[name], src), name
