@@ -48,13 +48,18 @@ def disk_one_file(path: str, total: int) -> None:
     fsync_path(os.path.dirname(path) or ".")
 
 
-def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int = 4, defer: bool = False) -> None:
+def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int = 4, defer: bool = False,
+                 writeback: bool = False) -> None:
     """``total`` bytes as objects of ``obj_bytes``, each written and fsync'd, from ``threads``
     threads, into 256 fan-out folders like a content-addressed store; folders fsync'd last.
 
     ``defer``: write every object first and fsync them all at the end (same durability
     when the end is reached, as before a manifest is written; the kernel can write back
-    while later objects are still being written instead of one journal commit per object)."""
+    while later objects are still being written instead of one journal commit per object).
+    ``writeback``: with ``defer``, start each object's writeback as soon as it is written
+    (``sync_file_range``, as Ravex's LocalStorage does), so the disk is busy meanwhile."""
+    from ravex.format.storage import start_writeback
+
     src = _pattern(obj_bytes)
     sizes = list(_blocks(total, obj_bytes))
     os.makedirs(path)
@@ -70,6 +75,8 @@ def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int =
                 view = view[os.write(fd, view):]
             if not defer:
                 os.fsync(fd)
+            elif writeback:
+                start_writeback(fd)
         finally:
             os.close(fd)
 

@@ -172,8 +172,8 @@ def dcp_async(state: Any, path: str) -> tuple[float, float]:
 # ---- (a) stall of a full checkpoint -----------------------------------------------------------
 
 #: The disk written as a content-addressed store would be at best: 4 MiB objects from 4
-#: threads, fsync'd together at the end.
-DISK_OBJECTS = "disk: 4 MiB objects x4, fsyncs at end"
+#: threads, each handed to the disk as soon as written, fsync'd together at the end.
+DISK_OBJECTS = "disk: 4 MiB objects x4, early writeback"
 
 
 def a_stall(cfg: Config) -> dict[str, Any]:
@@ -223,7 +223,7 @@ def a_stall(cfg: Config) -> dict[str, Any]:
                 ("dcp.save", sync(lambda p: C.dcp_save(state, p))),
                 ("dcp.async_save", lambda p: dcp_async(state, p)),
                 ("disk: one file + fsync", sync(lambda p: L.disk_one_file(p, nbytes))),
-                (DISK_OBJECTS, sync(lambda p: L.disk_objects(p, nbytes, defer=True))),
+                (DISK_OBJECTS, sync(lambda p: L.disk_objects(p, nbytes, defer=True, writeback=True))),
             ]
             for i, (name, fn) in _rotated(entries, rep):
                 path = os.path.join(root, f"{i}-r{rep}")

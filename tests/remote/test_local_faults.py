@@ -193,3 +193,48 @@ def test_eio_or_enospc_on_objects_or_manifest_leaves_no_partial_file(tmp_path, m
     assert again.complete_steps() == [1]
     assert_same(again.read(1), _tree(1, 0.3))
     assert validate(again, full=True).ok
+
+
+def test_pending_objects_start_writeback_before_publish_and_stay_durable(tmp_path, monkeypatch):
+    """Each chunk object's temp file is handed to the disk (sync_file_range) as soon as it is
+    written, before the commit's fsyncs: the disk works while later chunks are hashed. The
+    hint replaces no fsync: every temp file is still fsync'd before its rename."""
+    from ravex.format import storage as storage_mod
+
+    events: list[tuple[str, str]] = []
+    real_start, real_fsync = storage_mod.start_writeback, os.fsync
+
+    def start(fd):
+        events.append(("writeback", os.readlink(f"/proc/self/fd/{fd}")))
+        real_start(fd)
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    store = open_store(tmp_path / "store", create=True)
+    monkeypatch.setattr(storage_mod, "start_writeback", start)
+    monkeypatch.setattr(os, "fsync", fsync)
+    with store.writer(chunk_bytes=1 << 20) as w:
+        w.commit(1, _tree(1, 4))
+    temps = [p for kind, p in events if kind == "writeback"]
+    assert len(temps) >= 4 and all(os.path.basename(p).startswith(".tmp-") for p in temps)
+    synced = [p for kind, p in events if kind == "fsync"]
+    assert set(temps) <= set(synced)  # the hint never stands in for the fsync
+    first_fsync = next(i for i, (kind, _) in enumerate(events) if kind == "fsync")
+    assert all(events.index(("writeback", p)) < first_fsync for p in temps)  # before publish
+    assert_same(open_store(tmp_path / "store").read(1), _tree(1, 4))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_start_writeback_reaches_libc(tmp_path):
+    from ravex.format.storage import _load_sync_file_range
+
+    fn = _load_sync_file_range()
+    assert fn, "libc's sync_file_range was not found"
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, b"x" * 65536)
+        assert fn(fd, 0, 0, 2) == 0
+    finally:
+        os.close(fd)
