@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from ravex import _distributed, _patches, _state
@@ -54,25 +55,43 @@ def start(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
         _runtime = None
         runtime.shutdown(final_checkpoint=False)
         raise
-    _at_exit(runtime.shutdown)
+    _install_exit_hook()
     return runtime
 
 
-def _at_exit(callback: Any) -> None:
-    """Run ``callback`` at interpreter exit *before* thread pools shut down.
+_exit_hook_installed = False
+
+
+def _shutdown_at_exit() -> None:
+    """The process is exiting: the runtime active now takes its final checkpoint and flushes.
+
+    One hook per process, reading the runtime when it runs: a hook per runtime held every
+    runtime ever started (its backend, its saver, what those reference) until exit, long
+    after ``deactivate()``."""
+    runtime = _runtime
+    if runtime is not None:
+        runtime.shutdown()
+
+
+def _install_exit_hook() -> None:
+    """Run :func:`_shutdown_at_exit` at interpreter exit *before* thread pools shut down.
 
     ``concurrent.futures`` stops accepting work from a ``threading`` exit hook that runs
     before plain ``atexit`` handlers; the final checkpoint's writer needs its pool, so
     ours goes in the same list (run in reverse order of registration: ours first).
     """
+    global _exit_hook_installed
+    if _exit_hook_installed:
+        return
+    _exit_hook_installed = True
     register = getattr(threading, "_register_atexit", None)
     if register is None:  # pragma: no cover - Python < 3.9
-        atexit.register(callback)
+        atexit.register(_shutdown_at_exit)
         return
     try:
-        register(callback)
+        register(_shutdown_at_exit)
     except RuntimeError:  # pragma: no cover - already shutting down
-        atexit.register(callback)
+        atexit.register(_shutdown_at_exit)
 
 
 class _Empty:
@@ -122,6 +141,7 @@ class RavexRuntime:
         self._shut = False
         self._keepalive: dict[int, Any] = {}
         self._forward_hook: Any = None
+        self._excepthook: tuple[Any, Any] | None = None
 
     # ── lifecycle ───────────────────────────────────────────────────────
 
@@ -157,6 +177,7 @@ class RavexRuntime:
             self._keepalive.clear()
             self._clear_forward_hook()
             self._restore_signals()
+            self._unwrap_excepthook()
             if self._patches is not None:
                 self._patches.undo()
                 self._patches = None
@@ -546,13 +567,25 @@ class RavexRuntime:
                        "boundary, then exiting", signal.Signals(signum).name, self.step)
 
     def _wrap_excepthook(self) -> None:
+        """Mark the run crashed on an uncaught exception (no "final" checkpoint of a state
+        that just raised). The hook holds the runtime weakly and :meth:`shutdown` puts the
+        previous hook back when ours is still the one installed."""
         previous = sys.excepthook
+        runtime = weakref.ref(self)
 
         def hook(*args: Any) -> None:
-            self._crashed = True  # no "final" checkpoint of a state that just raised
+            alive = runtime()
+            if alive is not None:
+                alive._crashed = True
             previous(*args)
 
         sys.excepthook = hook
+        self._excepthook = (hook, previous)
+
+    def _unwrap_excepthook(self) -> None:
+        installed, self._excepthook = self._excepthook, None
+        if installed is not None and sys.excepthook is installed[0]:
+            sys.excepthook = installed[1]
 
     # ── reporting ───────────────────────────────────────────────────────
 

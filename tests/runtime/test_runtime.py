@@ -68,6 +68,24 @@ def test_activate_twice_is_harmless_and_overrides_after_activation_raise(tmp_pat
         ravex.activate(keep_lst=1)
 
 
+def test_a_deactivated_runtime_is_freed(tmp_path):
+    """Nothing of a runtime outlives deactivate(): the exit hook used to hold every runtime
+    ever started (and with it its backend and whatever its saver's callbacks referenced)."""
+    import gc
+    import weakref
+
+    model, opt, sched, loader = _objects()
+    refs = []
+    for round_ in range(2):
+        runtime = ravex.activate(storage=str(tmp_path / f"ck{round_}"), checkpoint_every=2)
+        _train(model, opt, sched, loader, epochs=1)
+        refs.append((weakref.ref(runtime), weakref.ref(runtime.backend)))
+        del runtime
+        ravex.deactivate()
+    gc.collect()
+    assert all(r() is None and b() is None for r, b in refs)
+
+
 def test_in_process_resume_is_bitwise_and_restores_before_first_forward(tmp_path):
     store = str(tmp_path / "ck")
     reference = _train(*_objects())  # no ravex
