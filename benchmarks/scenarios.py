@@ -146,6 +146,7 @@ class Active:
         import ravex
 
         ravex.deactivate()
+        self.registered = None  # this object may outlive the run: it must not keep a model alive
 
     def checkpoint(self) -> dict[str, Any]:
         """``ravex.checkpoint()`` then ``ravex.flush()``: what the loop paid and what it took to durable."""
