@@ -157,7 +157,7 @@ class StepWriter:
         self.run = run or uuid.uuid4().hex
         self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
         self.delta = delta  # False: every commit stores every chunk anew (no reuse)
-        self._base: dict[tuple[str, str], ChunkRef] | None = None if delta else {}
+        self._base: dict[str, dict[str, ChunkRef]] | None = None if delta else {}
         #: GC's grace period. A base from this writer's own last manifest is trusted only
         #: while that step is complete or younger than half of it: GC drops incomplete
         #: steps (a rank that failed its part) once they are older than the grace.
@@ -176,7 +176,7 @@ class StepWriter:
 
     # ---- delta base --------------------------------------------------------------------
 
-    def _load_base(self) -> dict[tuple[str, str], ChunkRef]:
+    def _load_base(self) -> dict[str, dict[str, ChunkRef]]:
         latest = self.store.latest_step()
         if latest is None:
             return {}
@@ -234,20 +234,24 @@ class StepWriter:
         pending: list[PendingWrite] = []  # objects durable and visible only once published
         lock = threading.Lock()
 
-        def run_chunk(arr: _PlannedArray, pipe: Any, raw: memoryview, t: list[float]) -> tuple[ChunkRef | _Small, bool]:
+        def run_chunk(
+            arr: _PlannedArray, pipe: Any, raw: memoryview, raw_digest: str | None, t: list[float]
+        ) -> tuple[ChunkRef | _Small, bool]:
             """The chunk's entry (or its encoded bytes, to be packed) and whether this
-            commit stored new bytes for it; ``t`` sums seconds hashing, encoding, writing."""
+            commit stored new bytes for it; ``t`` sums seconds hashing, encoding, writing.
+            ``raw_digest``: the batch loop's hash of a full-size chunk not found in the base."""
             if raw.nbytes < arr.chunk_len:  # a Zarr edge chunk is stored at full size; pad it here,
                 padded = bytearray(arr.chunk_len)  # in the worker, so padding costs a chunk per thread
                 padded[: raw.nbytes] = raw
                 raw = memoryview(padded)
-            t0 = time.perf_counter()
-            raw_digest = digest(raw)
             t1 = time.perf_counter()
-            t[0] += t1 - t0
-            hit = base.get((pipe.codecs_json, raw_digest))
-            if hit is not None:
-                return hit, False
+            if raw_digest is None:
+                raw_digest = digest(raw)
+                t[0] += time.perf_counter() - t1
+                hit = base.get(pipe.codecs_json, {}).get(raw_digest)
+                if hit is not None:
+                    return hit, False
+                t1 = time.perf_counter()
             stored = pipe.encode(raw)
             t2 = time.perf_counter()
             t[1] += t2 - t1
@@ -273,11 +277,32 @@ class StepWriter:
 
         def run_batch(arr: _PlannedArray, batch: list[tuple[str, memoryview]]) -> list[tuple[ChunkRef | _Small, bool]]:
             """Several chunks of one array in one task: thousands of small chunks (a sparse
-            table's) would otherwise spend more time in the pool than in hashing."""
+            table's) would otherwise spend more time in the pool than in hashing. Full-size
+            chunks are hashed and looked up here, in one tight loop (an unchanged chunk of a
+            sparse table costs that and nothing else); the rest goes through ``run_chunk``."""
             pipe = pipeline(arr.codecs)
+            reusable = base.get(pipe.codecs_json, {})
+            full = arr.chunk_len
             t = [0.0, 0.0, 0.0]
+            out: list[tuple[ChunkRef | _Small, bool]] = []
             try:
-                return [run_chunk(arr, pipe, raw, t) for _key, raw in batch]
+                t0 = time.perf_counter()
+                for _key, raw in batch:
+                    if raw.nbytes != full:
+                        t[0] += time.perf_counter() - t0
+                        out.append(run_chunk(arr, pipe, raw, None, t))
+                        t0 = time.perf_counter()
+                        continue
+                    raw_digest = digest(raw)
+                    hit = reusable.get(raw_digest)
+                    if hit is not None:
+                        out.append((hit, False))
+                        continue
+                    t[0] += time.perf_counter() - t0
+                    out.append(run_chunk(arr, pipe, raw, raw_digest, t))
+                    t0 = time.perf_counter()
+                t[0] += time.perf_counter() - t0
+                return out
             finally:
                 timings.add(hash=t[0], encode=t[1], write=t[2])
 
@@ -463,9 +488,9 @@ class StepWriter:
         chunk_len = rows * row_bytes
         if arr.size:
             zeros = ("/0" * (len(shape) - 1))
-            for i, start in enumerate(range(0, arr.shape[0], rows)):
-                raw = flat[start * row_bytes : (start + rows) * row_bytes]
-                chunks.append((f"c/{first + i}{zeros}", raw))
+            starts = range(0, arr.shape[0] * row_bytes, chunk_len)
+            chunks = list(zip([f"c/{first + i}{zeros}" for i in range(len(starts))],
+                              [flat[at : at + chunk_len] for at in starts], strict=True))
         return _PlannedArray(path, dtype, shape, chunk_shape, codecs, chunks, chunk_len, arr.nbytes)
 
 
@@ -512,12 +537,13 @@ class _Timings:
             self.write += write
 
 
-def _reuse_index(manifest: Manifest) -> dict[tuple[str, str], ChunkRef]:
-    index: dict[tuple[str, str], ChunkRef] = {}
+def _reuse_index(manifest: Manifest) -> dict[str, dict[str, ChunkRef]]:
+    """A step's chunks by codec chain, then by raw digest: what a commit may reuse. (Keyed in
+    two levels so that a lookup builds no tuple: a sparse table looks up ~400k chunks.)"""
+    index: dict[str, dict[str, ChunkRef]] = {}
     for entry in manifest.arrays.values():
-        codecs_json = json.dumps(entry.codecs, sort_keys=True)
-        for ref in entry.chunks.values():
-            index[(codecs_json, ref.raw)] = ref
+        by_raw = index.setdefault(json.dumps(entry.codecs, sort_keys=True), {})
+        by_raw.update({ref.raw: ref for ref in entry.chunks.values()})
     return index
 
 

@@ -213,3 +213,30 @@ def test_bfloat16_and_float8_nan_payloads(store):
             step = (store.latest_step() or 0) + 1
             w.commit(step, {"all_bit_patterns": bits.view(dt)})
         assert store.read(step)["all_bit_patterns"].view(bits.dtype).tobytes() == bits.tobytes()
+
+
+def test_manifest_bytes_are_exactly_what_json_writes(tmp_path):
+    """Manifest.to_bytes writes chunk maps with f-strings (fast for 400k entries); the bytes
+    must be json.dumps' own, for every kind of chunk entry and for names json must escape."""
+    import json
+
+    from ravex.format import open_store
+    from ravex.format.manifest import ArrayEntry, ChunkRef, Manifest
+
+    store = open_store(tmp_path / "s", create=True)
+    rng = np.random.default_rng(1)
+    tree = {"état": {"big": rng.standard_normal((256, 1024)).astype(np.float32),  # whole objects
+                     'q"uote\\': rng.standard_normal(3000).astype(np.float32),  # packed
+                     "tiny": np.arange(3, dtype=np.int8)},  # inline
+            "meta": {"lr": 0.1, "name": "ünïcode"}}
+    with store.writer(chunk_bytes=512 << 10) as w:
+        w.commit(1, tree, metadata={"note": "tab\there"})
+    m = open_store(store.url).manifest(1, 0)
+    kinds = {("inline" if c.inline is not None else "packed" if c.offset is not None else "object")
+             for e in m.arrays.values() for c in e.chunks.values()}
+    assert kinds == {"inline", "packed", "object"}
+    want = json.dumps(m.to_json(), separators=(",", ":"), allow_nan=False).encode()
+    assert m.to_bytes() == want
+    odd = Manifest(step=2, rank=0, world_size=1, run="r", created_at="now", tree={}, arrays={
+        "a/%22b": ArrayEntry(zarr={"shape": [1]}, chunks={'c/0"': ChunkRef(raw="0" * 32, size=4, object="1" * 32)})})
+    assert odd.to_bytes() == json.dumps(odd.to_json(), separators=(",", ":"), allow_nan=False).encode()
