@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 import torch
 
+_copy = np.copyto  # (a name of this module, so that a test can make a piece fail)
+
 #: Largest piece of one tensor's bytes a thread takes at a time.
 PIECE_BYTES = 8 << 20
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # a CPU-limited container: the cores it may use
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 #: Helper threads (besides the caller); at most 3: memory bandwidth, not cores, is the limit.
-HELPERS = max(0, min(3, (os.cpu_count() or 1) - 1))
+HELPERS = max(0, min(3, _usable_cores() - 1))
 #: Below this many bytes in one stage the caller copies alone (waking a helper costs more).
 PARALLEL_MIN_BYTES = 4 * PIECE_BYTES
 
@@ -56,42 +65,58 @@ class Copier:
         self._bytes += src.nbytes
 
     def run(self) -> None:
-        """Copy everything queued; returns when every byte is in place (or raises the first error)."""
+        """Copy everything queued; returns when every byte is in place. On an error (the
+        caller's first, else a helper's) the helpers stop after the piece in hand, and none
+        is still writing when the error reaches the caller."""
         pairs, self._pairs, total, self._bytes = self._pairs, [], self._bytes, 0
         if not pairs:
             return
         if self._helpers == 0 or total < PARALLEL_MIN_BYTES:
             for src, dst in pairs:
-                np.copyto(dst, src)
+                _copy(dst, src)
             return
         pieces = [(src[at:at + PIECE_BYTES], dst[at:at + PIECE_BYTES])
                   for src, dst in pairs for at in range(0, src.nbytes, PIECE_BYTES)]
         order = iter(range(len(pieces)))
         lock = threading.Lock()
+        halted = [False]
 
         def drain() -> None:
             while True:
                 with lock:
-                    i = next(order, None)
+                    i = None if halted[0] else next(order, None)
                 if i is None:
                     return
-                np.copyto(pieces[i][1], pieces[i][0])
+                _copy(pieces[i][1], pieces[i][0])
 
         if self._pool is None or self._pid != os.getpid():  # a forked child has none of our threads
             self._pool, self._pid = ThreadPoolExecutor(self._helpers, thread_name_prefix="ravex-stage"), os.getpid()
-        helpers = [self._pool.submit(drain) for _ in range(min(self._helpers, len(pieces) - 1))]
+        helpers: list[Future[None]] = []
         try:
+            try:
+                for _ in range(min(self._helpers, len(pieces) - 1)):
+                    helpers.append(self._pool.submit(drain))
+            except RuntimeError:  # the interpreter is shutting down its pools: copy alone
+                pass
             drain()
+        except BaseException:
+            with lock:
+                halted[0] = True  # helpers stop after the piece in hand
+            raise
         finally:
-            for fut in helpers:  # one that never started is not waited for; one that did has one piece left at most
-                if not fut.cancel():
-                    fut.result()
+            # None may still write into a buffer once this returns or raises: a helper that
+            # never started is cancelled, one that did is waited for (a piece at most, unless
+            # the caller failed first and it drains what is left).
+            wait([fut for fut in helpers if not fut.cancel()])
+        for fut in helpers:
+            if not fut.cancelled() and fut.exception() is not None:
+                raise fut.exception()  # type: ignore[misc]
 
     def discard(self) -> None:
         """Forget what is queued (the stage failed before running it)."""
         self._pairs, self._bytes = [], 0
 
     def close(self) -> None:
-        if self._pool is not None:
+        if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pool = None  # (after fork() the parent's pool is not ours to shut down)

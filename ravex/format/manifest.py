@@ -75,8 +75,8 @@ _json_str = json.encoder.encode_basestring_ascii  # what json.dumps writes for a
 
 def _chunks_json(chunks: dict[str, ChunkRef]) -> str:
     """``json.dumps({k: c.to_json() ...}, separators=(",", ":"))`` without the dicts: the same
-    text, an f-string per entry. Object names and digests are lowercase hex (checked when
-    parsed, made by hashing when written) and sizes ints, so only keys need escaping."""
+    text, an f-string per entry. Strings go through json's own encoder; an entry that is not
+    plain (inline bytes, a field of an unexpected type) is written by ``json.dumps`` itself."""
     out = []
     for key, c in chunks.items():
         plain = (c.inline is None and type(c.size) is int and type(c.object) is str and type(c.raw) is str

@@ -105,3 +105,29 @@ def test_a_large_stage_goes_through_the_helpers_and_is_exact(monkeypatch):
     assert calls and calls[0] >= _copier.PARALLEL_MIN_BYTES
     for name, src in tree.items():
         assert torch.equal(staged[name], src), name
+
+
+def test_a_failed_copy_stops_the_helpers_before_the_error_reaches_the_caller(monkeypatch):
+    """The caller's copy fails at its first piece: it must not return while a helper is still
+    writing staging buffers (the next stage would copy into them at the same time)."""
+    caller = threading.get_ident()
+    done = []
+
+    def copy(dst, src):
+        if threading.get_ident() == caller:
+            raise RuntimeError("copy failed")
+        _copier.np.copyto(dst, src)
+        done.append(1)
+
+    monkeypatch.setattr(_copier, "_copy", copy)
+    copier = Copier(helpers=2)
+    copier.add(*_pairs([64 * PIECE_BYTES])[0])
+    try:
+        copier.run()
+    except RuntimeError as exc:
+        assert "copy failed" in str(exc)
+    else:
+        raise AssertionError("the caller's error was lost")
+    finished = len(done)
+    copier.close()  # waits for any helper work still running
+    assert len(done) == finished < 64  # nothing ran after run() raised; the helpers stopped early
