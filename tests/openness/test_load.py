@@ -66,3 +66,16 @@ def test_subtree_device_and_plain_values(saved):
     assert state["model"]["steps"].shape == () and int(state["model"]["steps"]) == 42
     model_only = ravex.load(path, step=10, subtree="model", device="cpu")
     assert set(model_only) == set(state["model"]) and model_only["fc.weight"].device.type == "cpu"
+
+
+def test_lists_of_plain_values_and_lists_with_tensors(tmp_path):
+    """tree_to_torch leaves lists of plain values as they are (fast path) and still turns the
+    arrays inside mixed lists and tuples into tensors."""
+    store = open_store(tmp_path / "ckpt", create=True)
+    with store.writer() as w:
+        w.commit(1, {"rng": [3, list(range(625)), None], "ints": list(range(625)),
+                     "mixed": [np.arange(3, dtype=np.int32), 2.5, "x"], "tup": (np.ones(2), 1)})
+    tree = ravex.load(tmp_path / "ckpt")
+    assert tree["ints"] == list(range(625)) and tree["rng"] == [3, list(range(625)), None]
+    assert isinstance(tree["mixed"][0], torch.Tensor) and tree["mixed"][1:] == [2.5, "x"]
+    assert isinstance(tree["tup"], tuple) and isinstance(tree["tup"][0], torch.Tensor) and tree["tup"][1] == 1
