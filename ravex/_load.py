@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .format import CheckpointStore, open_store
+from .format.values import all_plain
 
 #: Zarr data types torch spells differently from numpy: (integer view, torch dtype).
 _VIEWS: dict[str, tuple[np.dtype, torch.dtype]] = {
@@ -35,18 +36,13 @@ def to_torch(array: np.ndarray, device: torch.device | str | None = None) -> tor
     return tensor if device is None else tensor.to(device)
 
 
-#: Leaves that stay as they are (and lists of only these are not walked: Python's RNG state
-#: is 625 ints, a third of a small model's load time in this function).
-_ATOMS = frozenset({int, float, bool, str, bytes, type(None)})
-
-
 def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
     """Replace every numpy array of a state tree by a torch tensor."""
     if isinstance(tree, np.ndarray):
         return to_torch(tree, device)
     if isinstance(tree, dict):
         return {k: tree_to_torch(v, device) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)) and set(map(type, tree)) <= _ATOMS:
+    if isinstance(tree, (list, tuple)) and all_plain(tree):
         return tree  # a tree read from storage is the caller's own: no copy needed
     if isinstance(tree, list):
         return [tree_to_torch(v, device) for v in tree]

@@ -32,6 +32,7 @@ import torch
 
 from ._copier import Copier, byte_view
 from .format.dtypes import data_type
+from .format.values import PLAIN_TYPES, all_plain
 
 logger = logging.getLogger("ravex")
 
@@ -184,9 +185,9 @@ class Stager:
 
     def _walk(self, value: Any, path: tuple) -> Any:
         kind = type(value)
-        if kind in _ATOMS:
+        if kind in PLAIN_TYPES:  # immutable, nothing to copy
             return value
-        if (kind is tuple or kind is list) and _only_atoms(value):
+        if (kind is tuple or kind is list) and all_plain(value):
             return value if kind is tuple else list(value)  # e.g. Python's RNG state: 625 ints
         if isinstance(value, torch.Tensor):
             return self._tensor(value, path)
@@ -309,15 +310,6 @@ def _staging_buffer(src: torch.Tensor) -> torch.Tensor:
     return flat.view(src.dtype).view(src.shape)
 
 
-#: Leaf types that are returned as they are (immutable, nothing to copy).
-_ATOMS = frozenset({int, float, bool, str, bytes, type(None)})
-
-
-def _only_atoms(seq: list | tuple) -> bool:
-    """Whether every item of ``seq`` is an atom: one pass in C, not a Python call per item."""
-    return set(map(type, seq)) <= _ATOMS
-
-
 def _identity(src: torch.Tensor) -> tuple[Any, tuple] | None:
     """``src``'s storage and what must not move for the staged bytes to still be its
     bytes; None if untrackable (no counter, no storage: a wrapper subclass)."""
@@ -374,7 +366,7 @@ def _has_fused_optimizer(tree: Any) -> bool:
             if isinstance(groups, list) and any(isinstance(g, dict) and g.get("fused") for g in groups):
                 return True
             stack.extend(v for v in value.values() if isinstance(v, (dict, list, tuple)))
-        elif isinstance(value, (list, tuple)) and not _only_atoms(value):
+        elif isinstance(value, (list, tuple)) and not all_plain(value):
             stack.extend(v for v in value if isinstance(v, (dict, list, tuple)))
     return False
 
