@@ -235,23 +235,12 @@ class StepWriter:
         lock = threading.Lock()
 
         def run_chunk(
-            arr: _PlannedArray, pipe: Any, raw: memoryview, raw_digest: str | None, t: list[float]
+            arr: _PlannedArray, pipe: Any, raw: memoryview, raw_digest: str, t: list[float]
         ) -> tuple[ChunkRef | _Small, bool]:
-            """The chunk's entry (or its encoded bytes, to be packed) and whether this
-            commit stored new bytes for it; ``t`` sums seconds hashing, encoding, writing.
-            ``raw_digest``: the batch loop's hash of a full-size chunk not found in the base."""
-            if raw.nbytes < arr.chunk_len:  # a Zarr edge chunk is stored at full size; pad it here,
-                padded = bytearray(arr.chunk_len)  # in the worker, so padding costs a chunk per thread
-                padded[: raw.nbytes] = raw
-                raw = memoryview(padded)
+            """Store a chunk the base does not hold (``raw_digest``: the hash of ``raw``): its
+            entry (or its encoded bytes, to be packed) and whether this commit stored new bytes
+            for it; ``t`` sums seconds hashing, encoding, writing."""
             t1 = time.perf_counter()
-            if raw_digest is None:
-                raw_digest = digest(raw)
-                t[0] += time.perf_counter() - t1
-                hit = base.get(pipe.codecs_json, {}).get(raw_digest)
-                if hit is not None:
-                    return hit, False
-                t1 = time.perf_counter()
             stored = pipe.encode(raw)
             t2 = time.perf_counter()
             t[1] += t2 - t1
@@ -277,9 +266,9 @@ class StepWriter:
 
         def run_batch(arr: _PlannedArray, batch: list[tuple[str, memoryview]]) -> list[tuple[ChunkRef | _Small, bool]]:
             """Several chunks of one array in one task: thousands of small chunks (a sparse
-            table's) would otherwise spend more time in the pool than in hashing. Full-size
-            chunks are hashed and looked up here, in one tight loop (an unchanged chunk of a
-            sparse table costs that and nothing else); the rest goes through ``run_chunk``."""
+            table's) would otherwise spend more time in the pool than in hashing.
+            Every chunk is hashed and looked up here, in one tight loop (an unchanged chunk of a
+            sparse table costs that and nothing else); a chunk not found goes to ``run_chunk``."""
             pipe = pipeline(arr.codecs)
             reusable = base.get(pipe.codecs_json, {})
             full = arr.chunk_len
@@ -288,11 +277,10 @@ class StepWriter:
             try:
                 t0 = time.perf_counter()
                 for _key, raw in batch:
-                    if raw.nbytes != full:
-                        t[0] += time.perf_counter() - t0
-                        out.append(run_chunk(arr, pipe, raw, None, t))
-                        t0 = time.perf_counter()
-                        continue
+                    if raw.nbytes != full:  # a Zarr edge chunk is stored at full size: pad it here,
+                        padded = bytearray(full)  # in the worker, so padding costs a chunk per thread
+                        padded[: raw.nbytes] = raw
+                        raw = memoryview(padded)
                     raw_digest = digest(raw)
                     hit = reusable.get(raw_digest)
                     if hit is not None:
