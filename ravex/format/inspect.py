@@ -240,7 +240,7 @@ def open_step_in_pieces(store: CheckpointStore, step: int) -> StepReader:
             cached = _parse_in_pieces(store, step, rank)
             if cached is None:
                 break  # open_step reads it again and says what is wrong
-            store._remember(cached)
+            store.cache_manifest(cached)
         world = cached.world_size
         rank += 1
     return store.open_step(step)
@@ -543,7 +543,7 @@ class _CountingStore(CheckpointStore):
             return m
         with self._parsing():
             m = _parse_in_pieces(self, step, rank) or super().manifest(step, rank)
-        self._remember(m)
+        self.cache_manifest(m)
         for path, entry in m.arrays.items():
             for key, ref in entry.chunks.items():
                 if ref.object is not None:

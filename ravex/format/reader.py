@@ -94,7 +94,7 @@ class StepReader:
         self.world_size = info.world_size or 1
         self.manifests: list[Manifest] = [store.manifest(step, r) for r in range(self.world_size)]
         for m in self.manifests:
-            store._remember(m)
+            store.cache_manifest(m)
         self.arrays: dict[str, ArrayEntry] = _merge(self.manifests)
 
     def __repr__(self) -> str:

@@ -150,7 +150,7 @@ class CheckpointStore:
             except ManifestError as exc:
                 return StepInfo(step, world, tuple(ranks), False, f"ranks disagree: {exc}")
         for m in manifests:  # a complete step is immutable: its manifests are read once
-            self._remember(m)
+            self.cache_manifest(m)
         return StepInfo(step, world, tuple(ranks), True)
 
     def steps(self) -> list[StepInfo]:
@@ -216,7 +216,7 @@ class CheckpointStore:
                 self._manifests.move_to_end(key)
         return cached
 
-    def _remember(self, m: Manifest) -> None:
+    def cache_manifest(self, m: Manifest) -> None:
         """Cache a manifest of a complete step; the least recently used go first once the
         cache holds more than :attr:`manifest_cache_size` or :data:`MANIFEST_CACHE_BYTES`
         (the newest stays, however large)."""

@@ -369,7 +369,7 @@ class StepWriter:
             # A complete step is immutable: cache the manifest as written rather than have
             # write_refs (and the next commit's checks) parse it back, which costs ~50 us per
             # chunk entry: seconds for a table in small chunks.
-            self.store._remember(manifest)
+            self.store.cache_manifest(manifest)
             try:
                 if refs_worth_writing(self.store, step):
                     write_refs(self.store, step)
