@@ -136,7 +136,7 @@ class Active:
             self.rt = ravex.activate(**self.overrides)
         else:
             from ravex import _runtime
-            from ravex._config import RavexConfig
+            from ravex.runtime.config import RavexConfig
 
             self.rt = _runtime.start(RavexConfig.load(self.overrides), scan_existing=False)
             for kind, obj in self.registered:

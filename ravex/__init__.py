@@ -61,7 +61,7 @@ def activate(**overrides: Any) -> Any:
                 "Set the options in ravex.yaml or RAVEX_* environment variables instead."
             )
         return runtime
-    from ravex._config import RavexConfig
+    from ravex.runtime.config import RavexConfig
 
     config = RavexConfig.load(overrides)
     return _runtime.start(config, scan_existing=True)
@@ -74,7 +74,7 @@ def _activate_from_autoloader() -> Any:
     runtime = _runtime.get_runtime()
     if runtime is not None:
         return runtime
-    from ravex._config import RavexConfig
+    from ravex.runtime.config import RavexConfig
 
     return _runtime.start(RavexConfig.load(), scan_existing=False)
 

@@ -27,8 +27,8 @@ import weakref
 from typing import Any
 
 from ravex import _distributed, _patches, _state
-from ravex._config import RavexConfig
 from ravex._registry import LoaderState, Registry
+from ravex.runtime.config import RavexConfig
 
 logger = logging.getLogger("ravex")
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ravex import __version__
-from ravex._autoload import PTH_NAME, pth_line
+from ravex.runtime.autoload import PTH_NAME, pth_line, source_file
 
-AUTOLOAD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_autoload.py")
+AUTOLOAD_FILE = source_file()
 
 
 # ── enable / disable ────────────────────────────────────────────────────
@@ -79,7 +79,7 @@ def enabled_in() -> list[str]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Version, enabled or not, the config that would apply (and why), the latest step."""
-    from ravex._config import RavexConfig, find_config_file
+    from ravex.runtime.config import RavexConfig, find_config_file
 
     print(f"ravex {__version__}")
     found = enabled_in()

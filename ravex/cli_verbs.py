@@ -45,12 +45,12 @@ class UsageError(Exception):
 def default_store(cwd: str | None = None, env: dict[str, str] | None = None) -> tuple[str, dict | None]:
     """The store a verb uses when none is named, and its fsspec ``storage_options``.
 
-    Read by the runtime's own configuration reader (:meth:`ravex._config.RavexConfig.load`), so
+    Read by the runtime's own configuration reader (:meth:`ravex.runtime.config.RavexConfig.load`), so
     the CLI and training agree: ``$RAVEX_STORAGE`` overrides the ``storage`` of ``./ravex.yaml``
     (or ``$RAVEX_CONFIG``), ``./checkpoints`` is the default, and a malformed file raises the
     same one-line :class:`~ravex.errors.ConfigError` that ``ravex status`` prints.
     """
-    from ravex._config import RavexConfig
+    from ravex.runtime.config import RavexConfig
 
     cwd = cwd or os.getcwd()
     storage = RavexConfig.load(environ=os.environ if env is None else env, cwd=cwd).storage

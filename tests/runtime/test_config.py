@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from ravex._config import RavexConfig
 from ravex.errors import ConfigError
+from ravex.runtime.config import RavexConfig
 
 
 def _yaml(tmp_path, text: str) -> str:

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from ravex._config import RavexConfig
 from ravex._saver import Stager
 from ravex.errors import ConfigError
+from ravex.runtime.config import RavexConfig
 
 from . import harness
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ravex._config import RavexConfig
 from ravex.backends import TorchSaveBackend
 from ravex.errors import CorruptObjectError
+from ravex.runtime.config import RavexConfig
 
 
 class _Payload:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ravex._config import RavexConfig
 from ravex.cli import main
 from ravex.errors import ConfigError
 from ravex.format import open_store
 from ravex.format.names import manifest_key, object_key
+from ravex.runtime.config import RavexConfig
 
 
 @pytest.fixture

@@ -27,6 +27,11 @@ def pth_line(path: str) -> str:
     )
 
 
+def source_file() -> str:
+    """This file's path, for the ``.pth`` line (called only when imported as a module)."""
+    return os.path.abspath(__file__)
+
+
 def config_path() -> "str | None":
     """``$RAVEX_CONFIG`` or ``./ravex.yaml`` if present: one stat, no parsing."""
     named = os.environ.get("RAVEX_CONFIG")
