@@ -95,7 +95,7 @@ class StepReader:
         self.manifests: list[Manifest] = [store.manifest(step, r) for r in range(self.world_size)]
         for m in self.manifests:
             store.cache_manifest(m)
-        self.arrays: dict[str, ArrayEntry] = _merge(self.manifests)
+        self.arrays: dict[str, ArrayEntry] = merge_arrays(self.manifests)
 
     def __repr__(self) -> str:
         return f"StepReader({self.store.url!r}, step={self.step}, ranks={self.world_size})"
@@ -167,7 +167,7 @@ class StepReader:
                 out_shape = (stop - start, *shape[1:])
             else:
                 start, stop, out_shape = 0, 0, ()
-            _check_chunks_present(path, entry, self.step)  # before allocating what the metadata claims
+            check_chunks_present(path, entry, self.step)  # before allocating what the metadata claims
             out = (outs or {}).get(path)
             if out is None:
                 out = _allocate(out_shape, dt.numpy, f"step {self.step} tensor {path!r}")
@@ -244,7 +244,7 @@ class StepReader:
             entry = self.arrays.get(path)
             if entry is None:
                 raise ArrayNotFoundError(f"step {self.step} has no tensor {path!r}")
-            _check_chunks_present(path, entry, self.step)
+            check_chunks_present(path, entry, self.step)
             for key, ref in entry.chunks.items():
                 if ref.object is None or ref.inline is not None:
                     continue
@@ -480,7 +480,7 @@ def _allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray
         ) from None
 
 
-def _check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
+def check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
     """Every chunk of a non-empty array must have an entry: Ravex writes them all. This also
     stops a hostile manifest from making a reader allocate a huge array it cannot fill."""
     shape, chunk_shape = entry.shape, entry.chunk_shape
@@ -523,7 +523,7 @@ def _check_raw(decoded: bytes | memoryview, ref: ChunkRef, where: str) -> None:
         raise CorruptObjectError(f"{where}: {what} does not match its digest (corrupt bytes)")
 
 
-def _merge(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
+def merge_arrays(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
     """Union of the ranks' arrays; metadata must agree, a chunk may come from one rank only
     (or from several with identical content)."""
     merged: dict[str, ArrayEntry] = {}

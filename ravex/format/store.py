@@ -143,10 +143,10 @@ class CheckpointStore:
         if ranks[-1] >= world:
             return StepInfo(step, world, tuple(ranks), False, f"rank {ranks[-1]} is beyond world_size {world}")
         if world > 1:
-            from .reader import _merge
+            from .reader import merge_arrays
 
             try:  # ranks that stored different bytes under one tensor name: unreadable
-                _merge(manifests)
+                merge_arrays(manifests)
             except ManifestError as exc:
                 return StepInfo(step, world, tuple(ranks), False, f"ranks disagree: {exc}")
         for m in manifests:  # a complete step is immutable: its manifests are read once

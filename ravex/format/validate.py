@@ -105,10 +105,10 @@ def _chunk_damaged(data: bytes, ref: ChunkRef, entry: ArrayEntry) -> bool:
 def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
     """What a reader would refuse in a complete step's merged arrays, without reading a chunk:
     an unknown data type or codec, a chunk map that is not exactly the chunk grid."""
-    from .reader import _check_chunks_present, _merge
+    from .reader import check_chunks_present, merge_arrays
 
     try:
-        arrays = _merge(manifests)
+        arrays = merge_arrays(manifests)
     except ManifestError as exc:
         return [Finding("malformed_manifest", str(exc), step)]
     found = []
@@ -117,7 +117,7 @@ def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
         try:
             data_type(entry.data_type)
             pipeline(entry.codecs, where)
-            _check_chunks_present(path, entry, step)
+            check_chunks_present(path, entry, step)
         except RavexError as exc:
             message = str(exc) if str(exc).startswith("step ") else f"{where}: {exc}"
             found.append(Finding("malformed_manifest", message, step, tensor=path))
