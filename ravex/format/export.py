@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +22,7 @@ from .errors import ArrayNotFoundError, UnsupportedValueError
 from .keyview import fetch_chunk, step_keys
 from .names import object_key
 from .reader import ArrayRef, StepReader
-from .storage import LocalStorage
+from .storage import atomic_directory, atomic_file
 from .store import CheckpointStore, open_store
 from .values import encode_value
 
@@ -128,20 +127,11 @@ def export_safetensors(
     }
     text = json.dumps({"__metadata__": metadata, **header}, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % _HEADER_ALIGN)
-    tmp = f"{os.fspath(dest)}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for _name, ref in sorted(names.items()):
-                f.write(memoryview(np.ascontiguousarray(ref.read()).reshape(-1).view(np.uint8)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(dest) as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _name, ref in sorted(names.items()):
+            f.write(memoryview(np.ascontiguousarray(ref.read()).reshape(-1).view(np.uint8)))
     return metadata
 
 
@@ -166,8 +156,7 @@ def export_zarr(
     dest = os.fspath(dest)
     if os.path.exists(dest):
         raise FileExistsError(f"export destination {dest!r} already exists; choose a new path")
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    try:
+    with atomic_directory(dest) as tmp:
         for key, entry in step_keys(reader).items():
             path = os.path.join(tmp, *key.split("/"))
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -178,17 +167,14 @@ def export_zarr(
             assert ref is not None and entry.array is not None
             where = f"step {reader.step} tensor {entry.array!r} chunk {key}"
             data = fetch_chunk(ckpt, reader.arrays[entry.array], ref, where)  # checked, linked or not
-            if link and ref.object is not None and ref.offset is None and isinstance(ckpt.storage, LocalStorage):
+            source = ckpt.storage.local_path(object_key(ref.object)) if ref.object is not None else None
+            if link and source is not None and ref.offset is None:
                 try:
-                    os.link(os.path.join(ckpt.storage.root, *object_key(ref.object).split("/")), path)
+                    os.link(source, path)
                     continue
                 except OSError:
                     pass  # another file system, or no hard links: copy
             _write_file(path, data)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

@@ -252,7 +252,7 @@ class StepReader:
                 if end > need.get(ref.object, (-1, ""))[0]:
                     need[ref.object] = (end, f"step {self.step} tensor {path!r} chunk {key}")
         items = list(need.items())
-        if self.store.storage.durable_local or len(items) <= 1:
+        if self.store.storage.is_local_filesystem or len(items) <= 1:
             sizes = [self._object_size(name) for name, _ in items]
         else:  # a remote store: one request per object, several in flight
             sizes = list(_pool().map(self._object_size, [name for name, _ in items]))

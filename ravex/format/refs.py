@@ -27,11 +27,13 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import data_type
 from .keyview import step_keys
 from .names import object_key, step_dir
+from .storage import atomic_write
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
@@ -90,15 +92,10 @@ def export_refs(store: CheckpointStore, dest: str, step: int | str = "latest") -
 
     Its ``{{u}}`` template records ``"."``; a reader passes the store's location (module doc).
     """
-    import os
-
     if os.path.exists(dest):
         raise FileExistsError(f"export destination {dest!r} already exists; choose a new path")
     data = json.dumps(step_refs(store, store.resolve_step(step)), separators=(",", ":"), sort_keys=True)
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(data + "\n")
-    os.replace(tmp, dest)
+    atomic_write(dest, data.encode() + b"\n")
     return dest
 
 

@@ -25,7 +25,7 @@ from .errors import ManifestError, RavexError, StepNotFoundError, StoreNotFoundE
 from .hashing import HASH_NAME
 from .manifest import Manifest
 from .names import is_decimal, manifest_key, manifest_ranks, step_dir
-from .storage import LocalStorage, RetryPolicy, Storage, open_storage
+from .storage import RetryPolicy, Storage, open_storage
 
 if TYPE_CHECKING:
     from .gc import GCReport
@@ -103,7 +103,7 @@ class CheckpointStore:
             parts = obj.key.split("/")
             if len(parts) == 3 and parts[0] == "steps" and is_decimal(parts[1]):
                 found.setdefault(int(parts[1]), {})[parts[2]] = obj.mtime
-        if isinstance(self.storage, LocalStorage):  # an empty folder holds no file for the walk to see
+        if self.storage.is_local_filesystem:  # an empty folder holds no file for the walk to see
             for name in self.storage.list_dir("steps"):
                 if is_decimal(name):
                     found.setdefault(int(name), {})
@@ -302,8 +302,7 @@ class CheckpointStore:
         self.storage.delete(f"{step_dir(step)}/{n}" for step, names in files.items() for n in names)
         for step in files:
             self.forget(step)
-            if isinstance(self.storage, LocalStorage):
-                self.storage.remove_empty_dir(step_dir(step))
+            self.storage.remove_empty_dir(step_dir(step))
 
 
 def _parsed_bytes(m: Manifest) -> int:

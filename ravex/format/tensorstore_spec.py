@@ -19,11 +19,9 @@ tensorstore does not check the chunks against the manifest; Ravex's own readers 
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from .names import object_key
-from .storage import LocalStorage
 
 if TYPE_CHECKING:
     from .manifest import ChunkRef
@@ -37,8 +35,9 @@ _METADATA_FIELDS = ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "f
 
 def _object_kvstore(store: CheckpointStore, name: str) -> dict[str, Any] | str:
     key = object_key(name)
-    if isinstance(store.storage, LocalStorage):
-        return {"driver": "file", "path": os.path.join(store.storage.root, *key.split("/"))}
+    path = store.storage.local_path(key)
+    if path is not None:
+        return {"driver": "file", "path": path}
     url = store.url
     if url.startswith(("gs://", "s3://", "http://", "https://")):
         return f"{url}/{key}"

@@ -18,10 +18,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
-import ravex.format.storage
-from ravex._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
+import ravex.format.storage.fsspec_store
 from ravex.format import open_store
 from ravex.format.storage import RetryPolicy
+from ravex.runtime.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
 
 
 class Clock:
@@ -171,7 +171,8 @@ def clean_env(monkeypatch, tmp_path):
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)  # no stray ravex.yaml
     # Still retried, but an outage costs a failed checkpoint ~0.05 s, not 5-10 s.
-    monkeypatch.setattr(ravex.format.storage, "DEFAULT_RETRY", RetryPolicy(tries=3, base_delay=0.01, max_delay=0.02))
+    quick = RetryPolicy(tries=3, base_delay=0.01, max_delay=0.02)
+    monkeypatch.setattr(ravex.format.storage.fsspec_store, "DEFAULT_RETRY", quick)
     yield
     ravex.deactivate()
 

@@ -199,7 +199,7 @@ def test_pending_objects_start_writeback_before_publish_and_stay_durable(tmp_pat
     """Each chunk object's temp file is handed to the disk (sync_file_range) as soon as it is
     written, before the commit's fsyncs: the disk works while later chunks are hashed. The
     hint replaces no fsync: every temp file is still fsync'd before its rename."""
-    from ravex.format import storage as storage_mod
+    from ravex.format.storage import atomic as storage_mod
 
     events: list[tuple[str, str]] = []
     real_start, real_fsync = storage_mod.start_writeback, os.fsync
@@ -228,9 +228,9 @@ def test_pending_objects_start_writeback_before_publish_and_stay_durable(tmp_pat
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
 def test_start_writeback_reaches_libc(tmp_path):
-    from ravex.format.storage import _load_sync_file_range
+    from ravex.format.storage.writeback import load_sync_file_range
 
-    fn = _load_sync_file_range()
+    fn = load_sync_file_range()
     assert fn, "libc's sync_file_range was not found"
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     try:
