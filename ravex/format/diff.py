@@ -1,7 +1,8 @@
 """Diff of two steps, possibly from two stores.
 
 Which chunks changed is known from the manifests alone (raw digests); only the
-tensors that changed are read, to measure by how much.
+tensors that changed are read, to measure by how much. This is the one diff: the
+``ravex diff`` verb, the inspector and anything that exports a diff use it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import Any
 import numpy as np
 
 from .reader import ArrayRef, StepReader
+from .summary import Progress, no_progress
 
 
 @dataclass(frozen=True)
 class TensorDiff:
+    """One tensor of a diff; the measures are None until the tensor is read."""
+
     name: str
     status: str  # added | removed | changed | unchanged | reshaped
     chunks_changed: int = 0
@@ -27,7 +31,7 @@ class TensorDiff:
     rel_l2: float | None = None  # ||a - b|| / ||a||
     cosine: float | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["shape"] = list(self.shape) if self.shape is not None else None
         return d
@@ -35,17 +39,21 @@ class TensorDiff:
 
 @dataclass(frozen=True)
 class ValueDiff:
+    """One non-tensor leaf of the state trees (lr, step, epoch ...)."""
+
     name: str
     status: str  # added | removed | changed | unchanged
     a: Any = None
     b: Any = None
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "a": _jsonable(self.a), "b": _jsonable(self.b)}
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "a": jsonable(self.a), "b": jsonable(self.b)}
 
 
 @dataclass
 class StepDiff:
+    """Every tensor and value of two steps, ``a`` the reference."""
+
     a: str
     b: str
     tensors: list[TensorDiff] = field(default_factory=list)
@@ -54,7 +62,7 @@ class StepDiff:
     def changed(self) -> list[TensorDiff]:
         return [t for t in self.tensors if t.status != "unchanged"]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "a": self.a,
             "b": self.b,
@@ -63,38 +71,23 @@ class StepDiff:
         }
 
 
-def diff(a: StepReader, b: StepReader, stats: bool = True) -> StepDiff:
+def diff(a: StepReader, b: StepReader, stats: bool = True, progress: Progress | None = None) -> StepDiff:
     """Compare step ``a`` (the reference) with step ``b``.
 
-    ``stats=False`` stops at what the manifests tell (status and chunk counts).
+    ``stats=False`` stops at what the manifests tell (status and chunk counts). Otherwise each
+    changed tensor is read and measured by :func:`compare_tensor`, one at a time, reporting
+    ``progress`` before each.
     """
     out = StepDiff(f"{a.store.url}@{a.step}", f"{b.store.url}@{b.step}")
-    names = sorted(set(a.arrays) | set(b.arrays))
-    for name in names:
-        ea, eb = a.arrays.get(name), b.arrays.get(name)
-        if ea is None or eb is None:
-            e = eb if ea is None else ea
-            out.tensors.append(
-                TensorDiff(name, "added" if ea is None else "removed", 0, len(e.chunks), e.shape, e.data_type)
-            )
-            continue
-        if ea.shape != eb.shape or ea.data_type != eb.data_type:
-            out.tensors.append(TensorDiff(name, "reshaped", len(eb.chunks), len(eb.chunks), eb.shape, eb.data_type))
-            continue
-        changed = sum(
-            1 for k in set(ea.chunks) | set(eb.chunks)
-            if k not in ea.chunks or k not in eb.chunks or ea.chunks[k].raw != eb.chunks[k].raw
-        )
-        total = len(set(ea.chunks) | set(eb.chunks))
-        if changed == 0 and ea.chunk_shape == eb.chunk_shape:
-            out.tensors.append(TensorDiff(name, "unchanged", 0, total, ea.shape, ea.data_type))
-            continue
-        td = TensorDiff(name, "changed", changed, total, ea.shape, ea.data_type)
-        if stats:
-            td = _with_stats(td, ArrayRef(a, name).read(), ArrayRef(b, name).read())
-            if td.max_abs == 0.0 and ea.chunk_shape != eb.chunk_shape:
-                td = TensorDiff(name, "unchanged", 0, total, ea.shape, ea.data_type, 0.0, 0.0, 1.0)
-        out.tensors.append(td)
+    for name in sorted(set(a.arrays) | set(b.arrays)):
+        out.tensors.append(_manifest_diff(a, b, name))
+    if stats:
+        progress = progress or no_progress
+        changed = [i for i, t in enumerate(out.tensors) if t.status == "changed"]
+        for n, i in enumerate(changed):
+            progress(n, len(changed), out.tensors[i].name)
+            out.tensors[i] = compare_tensor(a, b, out.tensors[i])
+        progress(len(changed), len(changed), "")
     va, vb = _flat_values(a), _flat_values(b)
     for name in sorted(set(va) | set(vb)):
         if name not in va:
@@ -107,18 +100,47 @@ def diff(a: StepReader, b: StepReader, stats: bool = True) -> StepDiff:
     return out
 
 
-def _with_stats(td: TensorDiff, x: np.ndarray, y: np.ndarray) -> TensorDiff:
-    if x.dtype.kind in "fcbiu" and x.dtype.itemsize and x.dtype.name not in ("bool",):
-        xa = x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
-        ya = y.astype(xa.dtype)
-    else:
-        xa, ya = x.astype(np.float64), y.astype(np.float64)
+def _manifest_diff(a: StepReader, b: StepReader, name: str) -> TensorDiff:
+    """A tensor's status and changed chunks from the two manifests' raw digests; nothing is read."""
+    ea, eb = a.arrays.get(name), b.arrays.get(name)
+    if ea is None or eb is None:
+        e = eb if ea is None else ea
+        assert e is not None
+        return TensorDiff(name, "added" if ea is None else "removed", 0, len(e.chunks), e.shape, e.data_type)
+    if ea.shape != eb.shape or ea.data_type != eb.data_type:
+        return TensorDiff(name, "reshaped", len(eb.chunks), len(eb.chunks), eb.shape, eb.data_type)
+    keys = set(ea.chunks) | set(eb.chunks)
+    changed = sum(1 for k in keys if k not in ea.chunks or k not in eb.chunks or ea.chunks[k].raw != eb.chunks[k].raw)
+    if changed == 0 and ea.chunk_shape == eb.chunk_shape:
+        return TensorDiff(name, "unchanged", 0, len(keys), ea.shape, ea.data_type)
+    return TensorDiff(name, "changed", changed, len(keys), ea.shape, ea.data_type)
+
+
+def compare_tensor(a: StepReader, b: StepReader, td: TensorDiff) -> TensorDiff:
+    """Fill in max |a-b|, ||a-b||/||a|| and cosine for one tensor the manifests call changed.
+
+    A tensor chunked differently in the two steps differs in every raw digest though its values
+    may be equal: when they are, it is ``unchanged`` with no chunk changed.
+    """
+    x = ArrayRef(a, td.name).read()
+    y = ArrayRef(b, td.name).read()
+    wide = np.complex128 if x.dtype.kind == "c" else np.float64
+    xa, ya = x.astype(wide), y.astype(wide)
     d = ya - xa
     max_abs = float(np.max(np.abs(d))) if d.size else 0.0
+    if max_abs == 0.0 and a.arrays[td.name].chunk_shape != b.arrays[td.name].chunk_shape:
+        return TensorDiff(td.name, "unchanged", 0, td.chunks_total, td.shape, td.dtype, 0.0, 0.0, 1.0)
     na, nd, nb = (float(np.linalg.norm(v.ravel())) for v in (xa, d, ya))
     rel = nd / na if na else (0.0 if nd == 0 else math.inf)
     cos = float(np.real(np.vdot(xa.ravel(), ya.ravel()))) / (na * nb) if na and nb else None
     return TensorDiff(td.name, td.status, td.chunks_changed, td.chunks_total, td.shape, td.dtype, max_abs, rel, cos)
+
+
+def change_order(td: TensorDiff) -> tuple[int, float, str]:
+    """Sort key: added/removed/reshaped first, then the largest relative change, unchanged last."""
+    rank = {"added": 0, "removed": 0, "reshaped": 0, "changed": 1, "unchanged": 2}.get(td.status, 3)
+    rel = td.rel_l2 if td.rel_l2 is not None else (td.chunks_changed / td.chunks_total if td.chunks_total else 0.0)
+    return (rank, -rel if not math.isnan(rel) else 0.0, td.name)
 
 
 def _flat_values(r: StepReader) -> dict[str, Any]:
@@ -145,15 +167,28 @@ def walk_values(node: Any, path: str, out: dict[str, Any]) -> None:
         walk_values(v, f"{path}{sep}{k}", out)
 
 
+def step_values(reader: StepReader, rank: int = 0) -> dict[str, Any]:
+    """Non-tensor leaves of one rank's state tree (lr, step, epoch ...), by their ``/`` path."""
+    out: dict[str, Any] = {}
+    walk_values(reader.tree(rank), "", out)
+    return out
+
+
 def _same(x: Any, y: Any) -> bool:
     if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
         return True
     return type(x) is type(y) and x == y
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)
-    if isinstance(v, bytes):
-        return v.hex()
-    return v
+def jsonable(value: Any) -> Any:
+    """``value`` with what strict JSON cannot hold spelled out: ``inf``/``nan`` as text, bytes as hex,
+    tuples as lists, keys as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import work
@@ -22,19 +22,13 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, P
 from textual.worker import get_current_worker
 
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
-from ravex.format.diff import TensorDiff, ValueDiff
-from ravex.format.inspect import (
-    StepSummary,
-    change_order,
-    compare_tensor,
-    diff_steps,
-    open_step_in_pieces,
-    summarize_steps,
-    validate_with_progress,
-)
-from ravex.format.validate import Finding
+from ravex.format.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff, step_values
+from ravex.format.summary import StepSummary, summarize_steps
+from ravex.format.validate import Finding, ValidationReport, validate
 
 from . import heap
+from .formatting import display_path, one_line
+from .manifests import PiecewiseStore
 from .model import (
     Leaf,
     compute_details,
@@ -68,6 +62,8 @@ STEPS_BATCH = 16
 TABLE_BATCH = 200
 #: Progress reports while a diff measures its changed tensors, at most.
 PROGRESS_STEPS = 100
+#: Manifests a validation keeps parsed: the ranks of the step being checked.
+VALIDATE_CACHE = 16
 
 
 class InspectorApp(App[None]):
@@ -155,7 +151,7 @@ class InspectorApp(App[None]):
     def load_steps(self) -> None:
         try:
             if self.store is None:
-                self.store = open_store(self.url, storage_options=self.storage_options)
+                self.store = PiecewiseStore(open_store(self.url, storage_options=self.storage_options))
             got: list[StepSummary] = []
             for summary in summarize_steps(self.store):
                 got.append(summary)
@@ -165,7 +161,7 @@ class InspectorApp(App[None]):
         except RavexError as exc:
             self.call_from_thread(self.show_message, _store_problem(self.url, exc))
         except Exception as exc:  # any storage failure is a message, never a traceback
-            self.call_from_thread(self.show_message, f"Cannot read {self.url!r}: {_one_line(exc)}")
+            self.call_from_thread(self.show_message, f"Cannot read {self.url!r}: {one_line(exc)}")
 
     def _set_steps(self, summaries: list[StepSummary], done: bool) -> None:
         self.summaries = summaries
@@ -208,7 +204,7 @@ class InspectorApp(App[None]):
         store = self.store
         assert store is not None
         with heap.parsing():  # megabytes of JSON: parsed in pieces, no GC pause on what it builds
-            r = open_step_in_pieces(store, step)
+            r = store.open_step(step)
         with self._readers_lock:
             self._readers[step] = r
             while len(self._readers) > READER_CACHE:
@@ -234,7 +230,7 @@ class InspectorApp(App[None]):
     def _step_failed(self, step: int, exc: Exception) -> None:
         if step == self.step:
             self.query_one(TensorTree).loading = False
-            self.notify(f"step_{step}: {_one_line(exc)}", severity="error")
+            self.notify(f"step_{step}: {one_line(exc)}", severity="error")
 
     def _set_leaves(self, step: int, leaves: list[Leaf], nodes: TreeNodes) -> None:
         if step != self.step:
@@ -278,8 +274,6 @@ class InspectorApp(App[None]):
         prev_value, has_prev = None, False
         if prev_step is not None:
             try:
-                from ravex.format.inspect import step_values
-
                 values = step_values(self.reader(prev_step))
                 has_prev = leaf.name in values
                 prev_value = values.get(leaf.name)
@@ -311,7 +305,7 @@ class InspectorApp(App[None]):
         except _Cancelled:
             return
         except Exception as exc:
-            self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {_one_line(exc)}", "red"))
+            self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {one_line(exc)}", "red"))
 
     def _details_width(self) -> int:
         return max(20, self.query_one(DetailsPane).size.width - 2)
@@ -404,12 +398,12 @@ class InspectorApp(App[None]):
         try:
             with heap.parsing():  # 10,000 entries compared, thousands of rows made: no GC walk meanwhile
                 ra, rb = self.reader(a), self.reader(b)
-                result = diff_steps(ra, rb, stats=False)
+                result = diff(ra, rb, stats=False)
                 rows = sorted((t for t in result.tensors if t.status != "unchanged"), key=change_order)
                 values = [v for v in result.values if v.status != "unchanged"]
                 cells = _table_rows(rows, values)
         except Exception as exc:
-            self.call_from_thread(self._diff_title, generation, Text(f"diff failed: {_one_line(exc)}", "red"))
+            self.call_from_thread(self._diff_title, generation, Text(f"diff failed: {one_line(exc)}", "red"))
             return
         unchanged = len(result.tensors) - len(rows)
         self.call_from_thread(self._diff_rows, generation, list(rows), values, cells)
@@ -422,12 +416,14 @@ class InspectorApp(App[None]):
             try:
                 rows[i] = compare_tensor(ra, rb, td)
             except Exception as exc:
-                self.call_from_thread(self.notify, f"{td.name}: {_one_line(exc)}", severity="error")
+                self.call_from_thread(self.notify, f"{td.name}: {one_line(exc)}", severity="error")
                 continue
             if i + 1 - reported >= every or i + 1 == len(rows):  # each report is a round trip to the UI
                 reported = i + 1
                 self.call_from_thread(self._diff_progress, generation, i + 1, len(rows))
-        rows.sort(key=change_order)
+        measured = [t for t in rows if t.status != "unchanged"]  # rechunked, same values: unchanged
+        unchanged += len(rows) - len(measured)
+        rows = sorted(measured, key=change_order)
         title = Text(f"step_{a} → step_{b}: ", style="bold")
         title.append(f"{len(rows)} changed, {unchanged} unchanged")
         if values:
@@ -497,7 +493,7 @@ class InspectorApp(App[None]):
                 d = compute_details(reader, path, other if step == b else None, stats=True)
                 texts.append(render_side(d))
             except Exception as exc:
-                texts.append(Text(_one_line(exc), "red"))
+                texts.append(Text(one_line(exc), "red"))
         self.call_from_thread(self._show_sides, pair, key, texts)
 
     def _show_sides(self, pair: tuple[int, int], key: str, texts: list[Text]) -> None:
@@ -536,9 +532,10 @@ class InspectorApp(App[None]):
                 self.call_from_thread(self._set_validation_progress, generation, done, total, phase)
 
         try:
-            report = validate_with_progress(self.store, full=True, progress=progress, parsing=heap.parsing)
+            # a store of its own, holding the manifests of a few steps at a time, not the readers' steps
+            report = validate(PiecewiseStore(self.store, cache_size=VALIDATE_CACHE), full=True, progress=progress)
         except Exception as exc:
-            failed = Text(f"validation failed: {_one_line(exc)}", "red")
+            failed = Text(f"validation failed: {one_line(exc)}", "red")
             self.call_from_thread(self._set_validation_title, generation, failed)
             return
         self.call_from_thread(self._set_validation_done, generation, report)
@@ -552,7 +549,7 @@ class InspectorApp(App[None]):
         if generation == self._generation:
             self.query_one("#validate-title", Static).update(text)
 
-    def _set_validation_done(self, generation: int, report: Any) -> None:
+    def _set_validation_done(self, generation: int, report: ValidationReport) -> None:
         if generation != self._generation:
             return
         errors = [f for f in report.findings if f.severity == "error"]
@@ -612,13 +609,7 @@ class _Cancelled(Exception):
 
 
 def _display(tensor: str | None) -> str:
-    from ravex.format.inspect import display_path
-
     return display_path(tensor) if tensor else ""
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _store_problem(url: str, exc: Exception) -> str:
@@ -627,7 +618,7 @@ def _store_problem(url: str, exc: Exception) -> str:
     if isinstance(exc, StoreNotFoundError):
         return (f"{url}\n\nis not a Ravex store (it has no ravex.json). Pass the folder or URL a training run "
                 "writes its checkpoints to: ravex inspect PATH, or set storage in ravex.yaml.\n\nq quits.")
-    return f"{url}\n\ncannot be read: {_one_line(exc)}\n\nq quits."
+    return f"{url}\n\ncannot be read: {one_line(exc)}\n\nq quits."
 
 
 __all__ = ["InspectorApp"]

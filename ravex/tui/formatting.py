@@ -8,8 +8,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ravex.format.names import unescape_key
+
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line of text (its message's whitespace collapsed), for a status line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def display_path(path: str) -> str:
+    """An array path as the user's keys: each segment unescaped (``layer%2F0`` -> ``layer/0``)."""
+    return "/".join(unescape_key(seg) for seg in path.split("/"))
 
 
 def human_bytes(n: float | None) -> str:

@@ -14,23 +14,22 @@ from typing import Any
 from rich.text import Text
 
 from ravex.format import RavexError, StepReader
-from ravex.format.diff import TensorDiff, ValueDiff
-from ravex.format.inspect import (
+from ravex.format.diff import TensorDiff, ValueDiff, step_values
+from ravex.format.summary import (
     ChunkShare,
     Progress,
     StepSummary,
     TensorStats,
     chunk_sharing,
-    display_path,
     dtype_name,
     read_tensor_stats,
-    step_values,
 )
 
 from .formatting import (
     bar,
     change_style,
     chunk_map,
+    display_path,
     histogram_lines,
     human_bytes,
     number,

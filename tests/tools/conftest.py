@@ -16,10 +16,6 @@ sys.path.insert(0, str(HERE))
 
 from stores import write_run  # noqa: E402
 
-#: How the tests start the command: ``python -m ravex`` once ravex/cli.py wires the verbs in.
-_CLI = ROOT / "ravex" / "cli.py"
-CLI_MODULE = "ravex" if _CLI.exists() and "cli_verbs" in _CLI.read_text() else "ravex.cli_verbs"
-
 
 @pytest.fixture(autouse=True)
 def _fixed_clock(monkeypatch):
@@ -58,7 +54,7 @@ def cli(tmp_path: Path):
         full_env["COLUMNS"] = "200"
         full_env.update(env or {})
         proc = subprocess.run(
-            [sys.executable, "-m", CLI_MODULE, *map(str, args)],
+            [sys.executable, "-m", "ravex", *map(str, args)],
             cwd=cwd or tmp_path, env=full_env, capture_output=True, text=True, timeout=120,
         )
         return Result(proc)

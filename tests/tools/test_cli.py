@@ -69,7 +69,7 @@ def test_bad_store_and_bad_step_are_exit_2_one_line(cli, run_store, tmp_path, ca
     r = cli("gc", run_store, "--keep-last", "0")
     assert r.rc == 2 and "must be at least 1" in r.err
 
-    from ravex.cli_verbs import main
+    from ravex.cli import main
 
     for args in (("validate", tmp_path / "empty"), ("show", f"{run_store}@step_999"),
                  ("show", "yesterday"), ("diff", f"{run_store}@100", "x@y"), ("ls", tmp_path / "nowhere")):
@@ -200,7 +200,7 @@ def test_verbs_import_neither_torch_nor_textual(tmp_path, run_store):
     s = str(run_store)
     code = (
         "import sys, contextlib, io\n"
-        "from ravex.cli_verbs import main\n"
+        "from ravex.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    for argv in (['ls', {s!r}], ['diff', {s + '@100'!r}, {s + '@200'!r}],\n"
         f"                 ['validate', {s!r}], ['show', {s + '@latest'!r}, 'model/head.weight']):\n"
@@ -274,7 +274,7 @@ def test_verbs_and_inspector_on_an_fsspec_url(capsys):
     from conftest import settle
     from stores import training_state
 
-    from ravex.cli_verbs import main
+    from ravex.cli import main
     from ravex.tui.app import InspectorApp
 
     url = "memory://tools-test/run"
@@ -304,7 +304,7 @@ def test_verbs_and_inspector_on_an_fsspec_url(capsys):
 
 
 def test_inspect_verb_opens_the_app_on_the_named_or_default_store(tmp_path, monkeypatch):
-    from ravex.cli_verbs import main
+    from ravex.cli import main
     from ravex.tui.app import InspectorApp
 
     opened = []

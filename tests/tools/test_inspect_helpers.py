@@ -1,4 +1,5 @@
-"""The pure parts: ravex.format.inspect helpers and the formatting both tools share."""
+"""The pure parts: the format's summaries, diff and validation as the tools call them, and the formatting
+both tools share."""
 
 from __future__ import annotations
 
@@ -9,19 +10,22 @@ import numpy as np
 import pytest
 from stores import corrupt_object_of, write_run
 
-from ravex.cli_verbs import UsageError, default_store, split_step
+from ravex.cli.common import UsageError, default_store, split_step
 from ravex.errors import ConfigError
 from ravex.format import open_store
 from ravex.format.diff import diff
-from ravex.format.inspect import (
-    chunk_sharing,
-    diff_steps,
+from ravex.format.summary import chunk_sharing, summarize_steps, tensor_stats
+from ravex.format.validate import validate
+from ravex.tui.formatting import (
+    bar,
+    chunk_map,
     display_path,
-    summarize_steps,
-    tensor_stats,
-    validate_with_progress,
+    histogram_lines,
+    human_bytes,
+    number,
+    short_bytes,
+    sparkline,
 )
-from ravex.tui.formatting import bar, chunk_map, histogram_lines, human_bytes, number, short_bytes, sparkline
 from ravex.tui.model import Leaf, children, filter_leaves, step_leaves
 
 
@@ -77,24 +81,45 @@ def test_summaries_and_chunk_sharing(tmp_path):
     assert {c.status for c in chunk_sharing(a.arrays["model/head.weight"], None)} == {"new"}
 
 
-def test_diff_steps_matches_the_format_diff(tmp_path):
+def test_diff_reports_progress_as_it_measures_changed_tensors(tmp_path):
     store = open_store(write_run(tmp_path / "s"))
     a, b = store.open_step(100), store.open_step(300)
     calls = []
-    ours = diff_steps(a, b, progress=lambda done, total, what: calls.append(done))
+    ours = diff(a, b, progress=lambda done, total, what: calls.append(done))
     theirs = diff(a, b, stats=True)
     assert ours.to_json() == theirs.to_json()
     assert calls == [0, 1, 2, 3, 4]
 
 
-def test_validate_with_progress_names_the_damaged_chunk_of_a_pack(tmp_path):
+def test_a_rechunked_tensor_with_equal_values_is_unchanged(tmp_path):
+    """Chunked differently in two steps, a tensor differs in every raw digest; read, its values are
+    the same: unchanged, with no chunk changed, in the diff and in the measure of one tensor alike."""
+    from ravex.format.diff import TensorDiff, compare_tensor
+
+    store = open_store(tmp_path / "s", create=True)
+    x = np.arange(4096, dtype="float32").reshape(64, 64)
+    with store.writer() as w:
+        w.commit(1, {"x": x, "y": x})
+        w.commit(2, {"x": x, "y": x + 1}, chunk_bytes={"x": 1024, "y": 1024})
+    a, b = store.open_step(1), store.open_step(2)
+    assert a.arrays["x"].chunk_shape != b.arrays["x"].chunk_shape
+    manifests_only = {t.name: t for t in diff(a, b, stats=False).tensors}
+    assert manifests_only["x"].status == "changed" and manifests_only["x"].chunks_changed > 0
+    want = TensorDiff("x", "unchanged", 0, manifests_only["x"].chunks_total, (64, 64), "float32", 0.0, 0.0, 1.0)
+    assert {t.name: t for t in diff(a, b).tensors}["x"] == want
+    assert compare_tensor(a, b, manifests_only["x"]) == want
+    y = compare_tensor(a, b, manifests_only["y"])  # rechunked and changed: still changed, measured
+    assert y.status == "changed" and y.max_abs == 1.0
+
+
+def test_validate_reports_progress_and_names_the_damaged_chunk_of_a_pack(tmp_path):
     path = write_run(tmp_path / "s")
     store = open_store(path)
-    quick = validate_with_progress(store)
+    quick = validate(store)
     assert quick.ok and quick.objects_checked == 0
     corrupt_object_of(path, "model/head.weight", step=300)
     seen = []
-    report = validate_with_progress(open_store(path), full=True, progress=lambda d, t, w: seen.append((d, t)))
+    report = validate(open_store(path), full=True, progress=lambda d, t, w: seen.append((d, t)))
     assert not report.ok and seen[-1][0] == seen[-1][1] == report.objects_checked
     assert seen[:3] == [(0, 3), (0, 3), (1, 3)]  # the manifests of each step, then each object
     [bad] = report.findings
@@ -139,7 +164,7 @@ def test_step_names_and_default_store(tmp_path):
 
 
 def test_large_tensors_stream_in_blocks_with_the_same_statistics(tmp_path, monkeypatch):
-    import ravex.format.inspect as fi
+    import ravex.format.summary as fi
 
     store = open_store(tmp_path / "s", create=True)
     x = np.random.default_rng(5).standard_normal((300, 7)).astype("float32")

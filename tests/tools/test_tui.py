@@ -348,7 +348,7 @@ async def test_opening_a_group_of_hundreds_scans_nothing_and_lays_out_once(tmp_p
 def test_loads_in_pieces_is_json_loads():
     import json
 
-    from ravex.format.inspect import loads_in_pieces
+    from ravex.tui.manifests import loads_in_pieces
 
     doc = {"format": "ravex-manifest", "tree": {"a": {"b": [1, {"c": None}]}, "x": 1.5},
            "arrays": {"a/b": {"zarr": {"shape": [2]}, "chunks": {"c/0": {"raw": "ff"}}}}, "n": "é\"\\"}
@@ -368,7 +368,7 @@ async def test_a_diff_makes_its_rows_in_the_worker_and_fills_the_table_in_batche
     import threading
 
     import ravex.tui.app as app_module
-    from ravex.format.inspect import display_path
+    from ravex.tui.formatting import display_path
 
     on_ui: list[str] = []
     real = app_module.diff_cells

@@ -1,9 +1,7 @@
-"""The ``ravex`` command.
+"""``ravex enable``, ``ravex disable`` and ``ravex status``: the autoloader and the configuration.
 
-One argparse subcommand per verb. A verb is a function ``cmd_<verb>(args) -> int`` plus
-a ``_add_<verb>(subparsers)`` that declares its arguments; :data:`VERBS` lists them, so a
-new verb (``ls``, ``show``, ``diff``, ``validate``, ``gc``, ``export``, ``inspect``) is
-two functions and one line, without touching the others.
+``enable`` installs a ``.pth`` file that activates Ravex in scripts run where a ``ravex.yaml``
+is found; ``status`` says what would apply there, and why.
 """
 
 from __future__ import annotations
@@ -13,16 +11,12 @@ import os
 import site
 import sys
 import sysconfig
-from collections.abc import Callable
 from typing import Any
 
 from ravex import __version__
 from ravex.runtime.autoload import PTH_NAME, pth_line, source_file
 
-AUTOLOAD_FILE = source_file()
-
-
-# ── enable / disable ────────────────────────────────────────────────────
+from .common import EXIT_OK, Verb
 
 
 def _site_dir(args: argparse.Namespace) -> str:
@@ -48,12 +42,12 @@ def cmd_enable(args: argparse.Namespace) -> int:
     tmp = target + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write("# Installed by `ravex enable`; remove with `ravex disable`.\n")
-        fh.write(pth_line(AUTOLOAD_FILE))
+        fh.write(pth_line(source_file()))
     os.replace(tmp, target)
     print(f"ravex {__version__}: autoloader installed in {target}")
     print("Scripts run from a directory with a ravex.yaml (or with RAVEX_CONFIG set) are now "
           "checkpointed and resumed.")
-    return 0
+    return EXIT_OK
 
 
 def cmd_disable(args: argparse.Namespace) -> int:
@@ -61,10 +55,10 @@ def cmd_disable(args: argparse.Namespace) -> int:
     target = os.path.join(_site_dir(args), PTH_NAME)
     if not os.path.exists(target):
         print(f"ravex: not enabled in {os.path.dirname(target)} (nothing to remove)")
-        return 0
+        return EXIT_OK
     os.remove(target)
     print(f"ravex: autoloader removed from {target}")
-    return 0
+    return EXIT_OK
 
 
 def enabled_in() -> list[str]:
@@ -72,9 +66,6 @@ def enabled_in() -> list[str]:
     dirs = list(dict.fromkeys([*site.getsitepackages(), site.getusersitepackages(),
                                sysconfig.get_paths()["purelib"], *sys.path]))
     return [os.path.join(d, PTH_NAME) for d in dirs if d and os.path.isfile(os.path.join(d, PTH_NAME))]
-
-
-# ── status ──────────────────────────────────────────────────────────────
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -92,7 +83,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for key, value in config.describe().items():
         print(f"  {key:<26} {value!r:<32} [{config.source_of(key)}]")
     print(f"latest step: {_latest_step(config)}")
-    return 0
+    return EXIT_OK
 
 
 def _latest_step(config: Any) -> str:
@@ -116,53 +107,12 @@ def _latest_step(config: Any) -> str:
         return f"unknown ({type(exc).__name__}: {exc})"
 
 
-# ── wiring ──────────────────────────────────────────────────────────────
-
-
-def _add_enable(sub: Any) -> None:
-    _add_site_options(sub.add_parser("enable", help=cmd_enable.__doc__))
-
-
-def _add_disable(sub: Any) -> None:
-    _add_site_options(sub.add_parser("disable", help=cmd_disable.__doc__))
-
-
-def _add_status(sub: Any) -> None:
-    p = sub.add_parser("status", help=cmd_status.__doc__)
+def _status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="a ravex.yaml other than ./ravex.yaml")
 
 
-#: verb -> (declare arguments, run)
-VERBS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
-    "enable": (_add_enable, cmd_enable),
-    "disable": (_add_disable, cmd_disable),
-    "status": (_add_status, cmd_status),
-}
-VERBS.update(__import__("ravex.cli_verbs", fromlist=["VERBS"]).VERBS)  # ls show diff validate gc export inspect
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ravex", description="Crash-proof PyTorch training with zero code changes."
-    )
-    parser.add_argument("--version", action="version", version=f"ravex {__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for add, _ in VERBS.values():
-        add(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``ravex`` console script and ``python -m ravex``."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.verb is None:
-        parser.print_help()
-        return 2
-    from ravex.errors import RavexError
-
-    try:
-        return VERBS[args.verb][1](args)
-    except RavexError as exc:
-        print(f"ravex: {exc}", file=sys.stderr)
-        return 2
+VERBS = (
+    Verb("enable", cmd_enable, _add_site_options),
+    Verb("disable", cmd_disable, _add_site_options),
+    Verb("status", cmd_status, _status_arguments),
+)

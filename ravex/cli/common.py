@@ -1,0 +1,189 @@
+"""What every verb of the ``ravex`` command shares: naming a store and a step, the one way
+to fail (:class:`UsageError`), output for humans and for scripts, and how a verb is declared.
+
+Naming: ``STORE`` defaults to ``$RAVEX_STORAGE``, else the ``storage`` of ``./ravex.yaml``, else
+``./checkpoints``. A step is ``step_100``, ``100``, ``latest``, or ``STORE@step_100`` to name
+another store. Nothing heavy is imported here: no torch, no Textual, no zarr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ravex.tui.formatting import one_line
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ravex.format import CheckpointStore, StepReader
+    from ravex.format.summary import Progress
+
+#: Exit status: done; a finding (a failed validation); bad usage or an unreadable store.
+EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
+_STEP = re.compile(r"^(latest|step_\d+|\d+)$")
+
+
+class UsageError(Exception):
+    """Bad usage or an unreadable store: printed as one line naming the fix, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One subcommand: its name, what it runs, and how it declares its arguments.
+
+    The first line of ``run``'s docstring is the verb's help.
+    """
+
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+
+    @property
+    def help(self) -> str:
+        return (self.run.__doc__ or "").strip().splitlines()[0]
+
+
+# ---- naming a store and a step ------------------------------------------------------------
+
+
+def default_store(cwd: str | None = None, env: dict[str, str] | None = None) -> tuple[str, dict | None]:
+    """The store a verb uses when none is named, and its fsspec ``storage_options``.
+
+    Read by the runtime's own configuration reader (:meth:`ravex.runtime.config.RavexConfig.load`), so
+    the CLI and training agree: ``$RAVEX_STORAGE`` overrides the ``storage`` of ``./ravex.yaml``
+    (or ``$RAVEX_CONFIG``), ``./checkpoints`` is the default, and a malformed file raises the
+    same one-line :class:`~ravex.errors.ConfigError` that ``ravex status`` prints.
+    """
+    from ravex.runtime.config import RavexConfig
+
+    cwd = cwd or os.getcwd()
+    storage = RavexConfig.load(environ=os.environ if env is None else env, cwd=cwd).storage
+    if storage.is_remote:
+        return storage.url, storage.storage_options() or None
+    url = os.path.expanduser(storage.url)
+    if "://" not in url and not os.path.isabs(url):
+        url = os.path.normpath(os.path.join(cwd, url))
+    return url, None
+
+
+def split_step(spec: str) -> tuple[str | None, str]:
+    """``STORE@step_100`` -> ``(STORE, "step_100")``; ``step_100`` -> ``(None, "step_100")``."""
+    if "@" in spec:
+        store, step = spec.rsplit("@", 1)
+        if _STEP.match(step) and store:
+            return store, step
+        raise UsageError(f"{spec!r}: after '@' comes a step (step_100, 100 or latest)")
+    if not _STEP.match(spec):
+        raise UsageError(f"{spec!r} is not a step; use step_100, 100, latest or STORE@step_100")
+    return None, spec
+
+
+def open_store_for(url: str | None) -> CheckpointStore:
+    """Open the named store (or the default one); every failure becomes a one-line UsageError."""
+    from ravex.format import RavexError, StoreNotFoundError, open_store
+
+    opts = None
+    named = url is not None
+    if url is None:
+        url, opts = default_store()
+    elif "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    try:
+        return open_store(url, storage_options=opts)
+    except StoreNotFoundError:
+        fix = ("check the path or URL" if named
+               else "pass STORE, or set storage in ./ravex.yaml or $RAVEX_STORAGE")
+        raise UsageError(f"{url!r} is not a Ravex store (it has no ravex.json); {fix}") from None
+    except RavexError as exc:
+        raise UsageError(one_line(exc)) from None
+    except (OSError, ValueError, ImportError) as exc:
+        raise UsageError(f"cannot open store {url!r}: {one_line(exc)}; check the path or URL") from None
+
+
+def open_step_for(spec: str, default: CheckpointStore | None = None) -> StepReader:
+    """A reader for ``step_100`` / ``100`` / ``latest`` / ``STORE@...``."""
+    from ravex.format import RavexError
+
+    store_url, step = split_step(spec)
+    store = default if store_url is None and default is not None else open_store_for(store_url)
+    try:
+        return store.open_step(step)
+    except RavexError as exc:
+        raise UsageError(one_line(exc)) from None
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def console(stderr: bool = False) -> Console:
+    """A Rich console on stdout (or stderr), 160 columns wide when not on a terminal."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+def print_json(doc: Any) -> None:
+    """``doc`` as strict JSON on stdout (``inf``/``nan`` spelled as text)."""
+    from ravex.format.diff import jsonable
+
+    sys.stdout.write(json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n")
+
+
+@contextlib.contextmanager
+def progress_bar(label: str) -> Iterator[Progress]:
+    """A ``progress(done, total, what)`` callback drawing a bar on stderr, only on a terminal."""
+    if not sys.stderr.isatty():
+        yield lambda done, total, what: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[what]}", style="dim"), console=console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None, what="")
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total or None, what=what[-40:])
+
+        yield update
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+def store_argument(p: argparse.ArgumentParser) -> None:
+    """The optional ``STORE`` of a verb that reads a whole store."""
+    p.add_argument("store", nargs="?", metavar="STORE",
+                   help="store path or URL (default: $RAVEX_STORAGE, ravex.yaml's storage, ./checkpoints)")
+
+
+def step_argument(p: argparse.ArgumentParser) -> None:
+    """The ``STEP`` of a verb that reads one step."""
+    p.add_argument("step", metavar="STEP", help="step_100, 100, latest or STORE@step_100")
+
+
+def json_argument(p: argparse.ArgumentParser) -> None:
+    """``--json``: print JSON for scripts instead of tables."""
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value

@@ -1,0 +1,79 @@
+"""``ravex diff``: two steps compared tensor by tensor, through :func:`ravex.format.diff.diff`."""
+
+from __future__ import annotations
+
+import argparse
+
+from ravex.format.diff import StepDiff
+
+from .common import EXIT_OK, Verb, console, json_argument, open_step_for, print_json, progress_bar, split_step
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Compare two steps tensor by tensor; unchanged chunks are never read."""
+    from ravex.format.diff import change_order, diff
+    from ravex.tui.formatting import display_path
+
+    a = open_step_for(args.a)
+    b = open_step_for(args.b, default=a.store if split_step(args.b)[0] is None else None)
+    with progress_bar("diff") as progress:
+        result = diff(a, b, stats=not args.no_stats, progress=progress)
+    tensors = sorted(result.tensors, key=change_order)
+    if not args.all:
+        tensors = [t for t in tensors if t.status != "unchanged"]
+    if args.threshold is not None:
+        tensors = [t for t in tensors if t.status != "changed" or t.rel_l2 is None or not t.rel_l2 < args.threshold]
+    values = [v for v in result.values if args.all or v.status != "unchanged"]
+    if args.json:
+        doc = result.to_json()
+        doc["tensors"] = [t.to_json() for t in tensors]
+        doc["values"] = [v.to_json() for v in values]
+        doc["summary"] = _diff_summary(result)
+        print_json(doc)
+        return EXIT_OK
+    from rich.table import Table
+
+    from ravex.tui.formatting import change_style, number, shape_text
+
+    out = console()
+    summary = _diff_summary(result)
+    out.print(f"[bold]{result.a}[/] → [bold]{result.b}[/]: " + ", ".join(f"{n} {k}" for k, n in summary.items()))
+    if tensors:
+        table = Table()
+        for col, justify in (("tensor", "left"), ("status", "left"), ("chunks", "right"), ("shape", "right"),
+                             ("max |a-b|", "right"), ("‖a-b‖/‖a‖", "right"), ("cosine", "right")):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for t in tensors:
+            table.add_row(
+                display_path(t.name), t.status, f"{t.chunks_changed}/{t.chunks_total}", shape_text(t.shape),
+                number(t.max_abs), number(t.rel_l2), number(t.cosine, 6), style=change_style(t.rel_l2, t.status),
+            )
+        out.print(table)
+    if values:
+        vt = Table(title="values", title_justify="left")
+        for col in ("name", "status", "a", "b"):
+            vt.add_column(col)
+        for v in values:
+            vt.add_row(v.name, v.status, repr(v.a), repr(v.b))
+        out.print(vt)
+    return EXIT_OK
+
+
+def _diff_summary(result: StepDiff) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in result.tensors:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    return counts
+
+
+def _diff_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", metavar="A", help="reference step (step_100, latest, STORE@step_100)")
+    p.add_argument("b", metavar="B", help="the step to compare with A (a bare step is in A's store)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="list only changed tensors with ‖a-b‖/‖a‖ at least this")
+    p.add_argument("--all", action="store_true", help="also list unchanged tensors and values")
+    p.add_argument("--no-stats", action="store_true", help="only what the manifests tell (read no tensor)")
+    json_argument(p)
+
+
+VERBS = (Verb("diff", cmd_diff, _diff_arguments),)

@@ -1,0 +1,114 @@
+"""``ravex validate`` and ``ravex gc``: checking a store, and collecting what no kept step needs."""
+
+from __future__ import annotations
+
+import argparse
+
+from ravex.tui.formatting import one_line
+
+from .common import (
+    EXIT_FINDING,
+    EXIT_OK,
+    UsageError,
+    Verb,
+    console,
+    json_argument,
+    open_store_for,
+    positive_int,
+    print_json,
+    progress_bar,
+    store_argument,
+)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check a store; exit 1 when it is damaged."""
+    from ravex.format.validate import validate
+
+    store = open_store_for(args.store)
+    with progress_bar("validate --full" if args.full else "validate") as progress:
+        report = validate(store, full=args.full, progress=progress)
+    if args.json:
+        print_json(report.to_json())
+        return EXIT_OK if report.ok else EXIT_FINDING
+    out = console()
+    errors = [f for f in report.findings if f.severity == "error"]
+    warnings = [f for f in report.findings if f.severity != "error"]
+    if report.findings:
+        from rich.table import Table
+
+        table = Table()
+        for col in ("severity", "kind", "step", "rank", "tensor", "chunk", "message"):
+            table.add_column(col, overflow="fold")
+        for f in errors + warnings:
+            table.add_row(
+                f"[red]{f.severity}[/]" if f.severity == "error" else f"[yellow]{f.severity}[/]", f.kind,
+                _opt(f.step), _opt(f.rank), f.tensor or "", f.chunk or "", f.message,
+            )
+        out.print(table)
+    checked = f"{len(report.steps_checked)} steps"
+    if args.full:
+        checked += f", {report.objects_checked} objects rehashed"
+    if report.ok:
+        out.print(f"[green]ok[/]: {report.url} ({checked}; {len(warnings)} warnings)")
+        return EXIT_OK
+    out.print(f"[red]{len(errors)} errors[/] in {report.url} ({checked}; {len(warnings)} warnings)")
+    return EXIT_FINDING
+
+
+def _opt(v: int | None) -> str:
+    return "" if v is None else str(v)
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Apply retention and delete objects no kept step names."""
+    store = open_store_for(args.store)
+    with progress_bar("gc (dry run)" if args.dry_run else "gc") as progress:
+        progress(0, 0, "listing")
+        try:
+            report = store.gc(
+                keep_last=args.keep_last, keep_every=args.keep_every, grace_seconds=args.grace, dry_run=args.dry_run
+            )
+        except ValueError as exc:
+            raise UsageError(one_line(exc)) from None
+    if args.json:
+        print_json(report.to_json())
+        return EXIT_OK
+    from ravex.tui.formatting import human_bytes
+
+    verb = "would delete" if args.dry_run else "deleted"
+    console().print(
+        f"{store.url}: kept {len(report.kept_steps)} steps, {verb} {len(report.deleted_steps)} steps "
+        f"{_step_list(report.deleted_steps)}and {report.deleted_objects} objects "
+        f"({human_bytes(report.deleted_bytes)}); "
+        f"{report.young_unreferenced} unreferenced objects are younger than the grace period",
+        soft_wrap=True,
+    )
+    return EXIT_OK
+
+
+def _step_list(steps: list[int]) -> str:
+    if not steps:
+        return ""
+    shown = ", ".join(f"step_{s}" for s in steps[:8]) + (", ..." if len(steps) > 8 else "")
+    return f"({shown}) "
+
+
+def _validate_arguments(p: argparse.ArgumentParser) -> None:
+    store_argument(p)
+    p.add_argument("--full", action="store_true", help="also read and rehash every object")
+    json_argument(p)
+
+
+def _gc_arguments(p: argparse.ArgumentParser) -> None:
+    store_argument(p)
+    p.add_argument("--keep-last", type=positive_int, default=None, metavar="N", help="keep the newest N steps")
+    p.add_argument("--keep-every", type=positive_int, default=None, metavar="K",
+                   help="keep every step divisible by K")
+    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
+                   help="keep unreferenced objects younger than this (default 3600)")
+    p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    json_argument(p)
+
+
+VERBS = (Verb("validate", cmd_validate, _validate_arguments), Verb("gc", cmd_gc, _gc_arguments))

@@ -1,0 +1,221 @@
+"""``ravex ls`` and ``ravex show``: the steps of a store, and what one step holds.
+
+Both read the manifests only, except ``show TENSOR``, which reads that tensor for its statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+from typing import TYPE_CHECKING, Any
+
+from .common import (
+    EXIT_OK,
+    UsageError,
+    Verb,
+    console,
+    json_argument,
+    open_step_for,
+    open_store_for,
+    positive_int,
+    print_json,
+    progress_bar,
+    step_argument,
+    store_argument,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ravex.format import StepReader
+    from ravex.format.summary import TensorStats
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """List steps: time, ranks, tensors, logical bytes, new bytes written, reuse."""
+    from ravex.format.summary import summarize_steps
+    from ravex.tui.formatting import human_bytes, percent, short_time
+
+    store = open_store_for(args.store)
+    with progress_bar("listing") as progress:
+        rows = list(summarize_steps(store, progress))
+    if args.json:
+        print_json({"url": store.url, "steps": [r.to_json() for r in rows]})
+        return EXIT_OK
+    from rich.table import Table
+
+    out = console()
+    if not rows:
+        out.print(f"{store.url}: no steps yet", soft_wrap=True)
+        return EXIT_OK
+    table = Table(title=store.url, title_justify="left")
+    for col, justify in (("step", "right"), ("time", "left"), ("ranks", "right"), ("tensors", "right"),
+                         ("logical", "right"), ("new", "right"), ("reused", "right"), ("", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        ranks = f"{len(r.ranks)}/{r.world_size}" if r.world_size else str(len(r.ranks))
+        note = "" if r.complete else f"[yellow]incomplete: {r.problem}[/]"
+        table.add_row(
+            f"step_{r.step}", short_time(r.created_at), ranks, str(r.tensors), human_bytes(r.logical_bytes),
+            human_bytes(r.new_bytes), percent(r.reuse_ratio), note, style=None if r.complete else "dim",
+        )
+    out.print(table)
+    return EXIT_OK
+
+
+def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
+    from ravex.tui.formatting import display_path
+
+    by_display = {display_path(p): p for p in reader.arrays}
+    found: list[str] = []
+    for name in names:
+        name = name.strip("/")
+        if name in reader.arrays:
+            found.append(name)
+        elif name in by_display:
+            found.append(by_display[name])
+        else:
+            under = [p for d, p in by_display.items() if d.startswith(name + "/")]
+            if not under:
+                close = difflib.get_close_matches(name, list(by_display), n=3)
+                hint = (f"; did you mean {', '.join(close)}?" if close
+                        else f"; `ravex show step_{reader.step}` lists them")
+                raise UsageError(f"step {reader.step} has no tensor {name!r}{hint}")
+            found.extend(under)
+    return found
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Show a step's tree, or tensors' metadata, statistics and histogram."""
+    from ravex.format.diff import step_values
+    from ravex.format.summary import dtype_name, read_tensor_stats
+    from ravex.tui.formatting import display_path
+
+    reader = open_step_for(args.step)
+    if not args.tensors:
+        tensors = sorted(reader.arrays)
+        values = step_values(reader)
+        if args.json:
+            print_json({
+                "url": reader.store.url, "step": reader.step, "world_size": reader.world_size,
+                "metadata": reader.metadata,
+                "tensors": [_tensor_json(reader, p) for p in tensors],
+                "values": values,
+            })
+            return EXIT_OK
+        _print_tree(reader, tensors, values)
+        return EXIT_OK
+    all_values = step_values(reader)
+    values = {n.strip("/"): all_values[n.strip("/")] for n in args.tensors if n.strip("/") in all_values}
+    paths = _find_tensors(reader, [n for n in args.tensors if n.strip("/") not in values])
+    results = []
+    with progress_bar("statistics") as progress:
+        for i, path in enumerate(paths):
+            progress(i, len(paths), display_path(path))
+            results.append((path, read_tensor_stats(reader, path, bins=args.bins)))
+    if args.json:
+        print_json({
+            "url": reader.store.url, "step": reader.step,
+            "tensors": [dict(_tensor_json(reader, p), stats=s.to_json()) for p, s in results],
+            "values": values,
+        })
+        return EXIT_OK
+    out = console()
+    for name, value in values.items():
+        out.print(f"step_{reader.step}  {name} = [cyan]{value!r}[/]", soft_wrap=True)
+    for path, stats in results:
+        _print_tensor(out, reader, path, stats, dtype_name(reader.arrays[path]))
+    return EXIT_OK
+
+
+def _tensor_json(reader: StepReader, path: str) -> dict[str, Any]:
+    from ravex.format.summary import dtype_name
+    from ravex.tui.formatting import display_path
+
+    e = reader.arrays[path]
+    itemsize = max(1, _itemsize(e))
+    return {
+        "path": path, "name": display_path(path), "shape": list(e.shape), "dtype": dtype_name(e),
+        "chunk_shape": list(e.chunk_shape), "chunks": len(e.chunks),
+        "logical_bytes": math.prod(e.shape) * itemsize, "stored_bytes": e.stored_bytes(),
+    }
+
+
+def _itemsize(entry: Any) -> int:
+    from ravex.format.dtypes import data_type
+
+    try:
+        return data_type(entry.data_type).itemsize
+    except Exception:
+        return 0
+
+
+def _print_tree(reader: StepReader, tensors: list[str], values: dict[str, Any]) -> None:
+    from rich.tree import Tree
+
+    from ravex.format.summary import dtype_name
+    from ravex.tui.formatting import display_path, human_bytes, shape_text
+
+    out = console()
+    root = Tree(f"[bold]{reader.store.url}@step_{reader.step}[/]  "
+                f"({reader.world_size} rank(s), {len(tensors)} tensors)")
+    nodes: dict[str, Any] = {"": root}
+
+    def node_for(parts: list[str]) -> Any:
+        key = "/".join(parts)
+        if key not in nodes:
+            nodes[key] = node_for(parts[:-1]).add(f"[bold]{parts[-1]}[/]")
+        return nodes[key]
+
+    leaves: list[tuple[str, str]] = []
+    for p in tensors:
+        e = reader.arrays[p]
+        leaves.append((display_path(p), f"{shape_text(e.shape)} {dtype_name(e)}  "
+                       f"[dim]{len(e.chunks)} chunks, {human_bytes(e.stored_bytes())} stored[/]"))
+    for name, value in values.items():
+        leaves.append((name, f"[cyan]{value!r}[/]"))
+    for name, text in sorted(leaves):
+        parts = name.split("/")
+        node_for(parts[:-1]).add(f"{parts[-1]}  {text}")
+    out.print(root)
+
+
+def _print_tensor(out: Console, reader: StepReader, path: str, stats: TensorStats, dtype: str) -> None:
+    from rich.table import Table
+
+    from ravex.tui.formatting import display_path, histogram_lines, human_bytes, number, shape_text
+
+    e = reader.arrays[path]
+    table = Table(title=f"step_{reader.step}  {display_path(path)}", title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    logical = math.prod(e.shape) * _itemsize(e)
+    rows = [
+        ("shape", shape_text(e.shape)), ("dtype", dtype),
+        ("chunks", f"{len(e.chunks)} of {shape_text(e.chunk_shape)}"),
+        ("stored / logical", f"{human_bytes(e.stored_bytes())} / {human_bytes(logical)}"),
+        ("min", number(stats.min)), ("max", number(stats.max)), ("mean", number(stats.mean)),
+        ("std", number(stats.std)), ("L2", number(stats.l2)),
+        ("NaN / Inf", f"{stats.nan} / {stats.inf}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    out.print(table)
+    for line in histogram_lines(stats.hist_counts, stats.hist_edges, width=40):
+        out.print("  " + line)
+
+
+def _ls_arguments(p: argparse.ArgumentParser) -> None:
+    store_argument(p)
+    json_argument(p)
+
+
+def _show_arguments(p: argparse.ArgumentParser) -> None:
+    step_argument(p)
+    p.add_argument("tensors", nargs="*", metavar="TENSOR", help="tensor paths such as model/layer.0.weight")
+    p.add_argument("--bins", type=positive_int, default=20, help="histogram bins (default 20)")
+    json_argument(p)
+
+
+VERBS = (Verb("ls", cmd_ls, _ls_arguments), Verb("show", cmd_show, _show_arguments))
