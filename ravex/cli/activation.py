@@ -36,14 +36,13 @@ def _add_site_options(parser: argparse.ArgumentParser) -> None:
 
 def cmd_enable(args: argparse.Namespace) -> int:
     """Install the .pth autoloader; it activates Ravex where a ravex.yaml is found."""
+    from ravex.format.storage import atomic_write
+
     directory = _site_dir(args)
     os.makedirs(directory, exist_ok=True)
     target = os.path.join(directory, PTH_NAME)
-    tmp = target + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("# Installed by `ravex enable`; remove with `ravex disable`.\n")
-        fh.write(pth_line(source_file()))
-    os.replace(tmp, target)
+    text = "# Installed by `ravex enable`; remove with `ravex disable`.\n" + pth_line(source_file())
+    atomic_write(target, text.encode("utf-8"))  # an interpreter starting meanwhile sees no half line
     print(f"ravex {__version__}: autoloader installed in {target}")
     print("Scripts run from a directory with a ravex.yaml (or with RAVEX_CONFIG set) are now "
           "checkpointed and resumed.")

@@ -50,16 +50,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
         out.print(f"{store.url}: no steps yet", soft_wrap=True)
         return EXIT_OK
     table = Table(title=store.url, title_justify="left")
-    for col, justify in (("step", "right"), ("time", "left"), ("ranks", "right"), ("tensors", "right"),
-                         ("logical", "right"), ("new", "right"), ("reused", "right"), ("", "left")):
+    columns = [("step", "right"), ("time", "left"), ("ranks", "right"), ("tensors", "right"),
+               ("logical", "right"), ("new", "right"), ("reused", "right")]
+    problems = any(not r.complete for r in rows)  # a column of its own only when some step has one
+    if problems:
+        columns.append(("problem", "left"))
+    for col, justify in columns:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in rows:
         ranks = f"{len(r.ranks)}/{r.world_size}" if r.world_size else str(len(r.ranks))
-        note = "" if r.complete else f"[yellow]incomplete: {r.problem}[/]"
-        table.add_row(
-            f"step_{r.step}", short_time(r.created_at), ranks, str(r.tensors), human_bytes(r.logical_bytes),
-            human_bytes(r.new_bytes), percent(r.reuse_ratio), note, style=None if r.complete else "dim",
-        )
+        cells = [f"step_{r.step}", short_time(r.created_at), ranks, str(r.tensors), human_bytes(r.logical_bytes),
+                 human_bytes(r.new_bytes), percent(r.reuse_ratio)]
+        if problems:
+            cells.append("" if r.complete else f"[yellow]incomplete: {r.problem}[/]")
+        table.add_row(*cells, style=None if r.complete else "dim")
     out.print(table)
     return EXIT_OK
 

@@ -37,6 +37,32 @@ def test_ls_table_for_humans_marks_incomplete_steps(cli, run_store):
     assert r.err == ""  # no progress bar when stderr is not a terminal
 
 
+def test_ls_table_has_no_empty_column(cli, tmp_path):
+    """Every column of the table holds something: the problem column only when a step has a problem."""
+    r = cli("ls", write_run(tmp_path / "all-complete"))
+    assert r.rc == 0, r
+    rows = [line for line in r.out.splitlines() if "step_" in line]
+    assert len(rows) == 3, r.out
+    for line in rows:
+        cells = line.split("│")[1:-1]
+        assert len(cells) == 7 and all(c.strip() for c in cells), line
+    assert "problem" not in r.out
+
+
+def test_diff_of_a_rechunked_tensor_with_equal_values_lists_it_unchanged(cli, tmp_path):
+    store = open_store(tmp_path / "s", create=True)
+    x = np.arange(4096, dtype="float32").reshape(64, 64)
+    with store.writer() as w:
+        w.commit(1, {"x": x, "y": x})
+        w.commit(2, {"x": x, "y": x + 1}, chunk_bytes={"x": 1024})
+    r = cli("diff", f"{tmp_path / 's'}@1", "2", "--json")
+    assert r.rc == 0, r
+    assert [t["name"] for t in r.json()["tensors"]] == ["y"] and r.json()["summary"] == {"changed": 1, "unchanged": 1}
+    x_row = next(t for t in cli("diff", f"{tmp_path / 's'}@1", "2", "--json", "--all").json()["tensors"]
+                 if t["name"] == "x")
+    assert (x_row["status"], x_row["chunks_changed"], x_row["max_abs"]) == ("unchanged", 0, 0.0)
+
+
 def test_store_defaults_to_ravex_yaml_then_env(cli, tmp_path):
     write_run(tmp_path / "runs" / "a", steps=(1, 2))
     write_run(tmp_path / "runs" / "b", steps=(7,))

@@ -390,3 +390,23 @@ async def test_a_diff_makes_its_rows_in_the_worker_and_fills_the_table_in_batche
         assert table.row_count == 8 and len(app.diff_rows) == 4
         shown = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
         assert shown == [display_path(t.name) for t in app.diff_rows] + [v.name for v in app.diff_values]
+
+
+@aio
+async def test_a_rechunked_tensor_with_equal_values_leaves_the_diff(tmp_path: Path):
+    """The manifests call a tensor chunked differently 'changed'; once read, equal values are
+    unchanged, as in ``ravex diff``: the row goes and the title counts it unchanged."""
+    import numpy as np
+
+    store = open_store(tmp_path / "s", create=True)
+    x = np.arange(4096, dtype="float32").reshape(64, 64)
+    with store.writer() as w:
+        w.commit(1, {"x": x, "y": x})
+        w.commit(2, {"x": x, "y": x + 1}, chunk_bytes={"x": 1024})
+    app = InspectorApp(str(tmp_path / "s"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("d")
+        await settle(pilot)
+        assert [t.name for t in app.diff_rows] == ["y"]
+        assert "1 changed, 1 unchanged" in str(app.query_one("#diff-title").render())
