@@ -34,7 +34,15 @@ from .errors import RavexError
 from .names import object_key
 
 if TYPE_CHECKING:
-    from .store import CheckpointStore, StepFiles, StepInfo
+    from .catalog import StepFiles, StepInfo, StoreCatalog
+
+#: The grace period ``G`` (spec/FORMAT.md, "Garbage collection"), in seconds: GC deletes an
+#: unreferenced object only once it is older than this. A writer's safety depends on it: the
+#: objects a commit stores stay unreferenced until its manifest lands, so a commit must finish
+#: within ``G`` (assumption A2), and a writer trusts a delta base that is not yet complete only
+#: for ``G / 2`` (A3: after that GC may be collecting it). Writer and GC must agree on ``G``: both
+#: default to this one value.
+DEFAULT_GRACE_SECONDS = 3600.0
 
 
 @dataclass
@@ -96,10 +104,10 @@ def retained_steps(
 
 
 def gc(
-    store: CheckpointStore,
+    store: StoreCatalog,
     keep_last: int | None = None,
     keep_every: int | None = None,
-    grace_seconds: float = 3600.0,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
     dry_run: bool = False,
 ) -> GCReport:
     """Apply retention to ``store`` and collect unreferenced objects. See the module doc."""

@@ -31,8 +31,8 @@ from .manifest import ArrayEntry, ChunkRef
 from .names import object_key
 
 if TYPE_CHECKING:
+    from .catalog import StoreCatalog
     from .reader import StepReader
-    from .store import CheckpointStore
 
 GROUP_DOC = {"zarr_format": 3, "node_type": "group", "attributes": {}}
 
@@ -96,7 +96,7 @@ def decoded_chunk_size(entry: ArrayEntry) -> int:
 
 
 def fetch_chunk(
-    store: CheckpointStore, entry: ArrayEntry | None, ref: ChunkRef, where: str, verify: bool = True
+    store: StoreCatalog, entry: ArrayEntry | None, ref: ChunkRef, where: str, verify: bool = True
 ) -> bytes:
     """The encoded bytes of one chunk, checked against the manifest.
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._version import SPEC_VERSION, check_version
-from .errors import ManifestError
+from .errors import CorruptObjectError, ManifestError
 from .hashing import DIGEST_HEX_LEN, HASH_NAME
 from .names import check_array_path, check_object_name
 
@@ -318,3 +319,61 @@ def _check_chunk_key(key: str, where: str) -> str:
     if not _CHUNK_KEY.fullmatch(key):
         raise ManifestError(f"{where}: bad chunk key {key!r}; expected 'c/<i>/<j>...'")
     return key
+
+
+def merge_arrays(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
+    """Union of the ranks' arrays; metadata must agree, a chunk may come from one rank only
+    (or from several with identical content)."""
+    merged: dict[str, ArrayEntry] = {}
+    for m in manifests:
+        for path, entry in m.arrays.items():
+            have = merged.get(path)
+            if have is None:
+                merged[path] = ArrayEntry(zarr=entry.zarr, chunks=dict(entry.chunks))
+                continue
+            if have.zarr != entry.zarr:
+                raise ManifestError(f"step {m.step} rank {m.rank}: tensor {path!r} metadata differs between ranks")
+            for key, ref in entry.chunks.items():
+                other = have.chunks.setdefault(key, ref)
+                if other.raw != ref.raw:
+                    raise ManifestError(
+                        f"step {m.step} rank {m.rank}: tensor {path!r} chunk {key} differs between ranks"
+                    )
+    return merged
+
+
+def check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
+    """Every chunk of a non-empty array must have an entry: Ravex writes them all. This also
+    stops a hostile manifest from making a reader allocate a huge array it cannot fill."""
+    shape, chunk_shape = entry.shape, entry.chunk_shape
+    if not shape:
+        expected = 1
+    elif math.prod(shape) == 0:
+        expected = 0
+    else:
+        expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
+    grid = [math.ceil(s / c) if c > 0 else 0 for s, c in zip(shape, chunk_shape, strict=True)]
+    if (
+        any(c <= 0 for c in chunk_shape)
+        or len(entry.chunks) != expected
+        or not _exactly_the_grid(entry.chunks, grid)
+    ):
+        raise CorruptObjectError(
+            f"step {step} tensor {path!r}: {len(entry.chunks)} chunk entries for a grid of {expected} "
+            f"(shape {list(shape)}, chunks {list(chunk_shape)}); the manifest is inconsistent"
+        )
+
+
+def _exactly_the_grid(chunks: dict[str, Any], grid: list[int]) -> bool:
+    """Whether the chunk keys (as many as the grid has cells) are the grid's keys."""
+    if not grid:  # a scalar: one chunk, key "c"
+        return list(chunks) == ["c"]
+    if all(g == 1 for g in grid[1:]):  # chunked along dim 0 only: build the keys
+        tail = "/0" * (len(grid) - 1)
+        return all(f"c/{i}{tail}" in chunks for i in range(grid[0]))
+    return all(_in_grid(key, grid) for key in chunks)  # same count, all in the grid: exactly the grid
+
+
+def _in_grid(key: str, grid: list[int]) -> bool:
+    parts = key.split("/")[1:]
+    return len(parts) == len(grid) and all(int(p) < g for p, g in zip(parts, grid, strict=True))

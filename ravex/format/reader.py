@@ -22,12 +22,12 @@ from .codecs import Pipeline, pipeline
 from .dtypes import data_type
 from .errors import ArrayNotFoundError, CorruptObjectError, ManifestError
 from .hashing import digest
-from .manifest import ArrayEntry, ChunkRef, Manifest
+from .manifest import ArrayEntry, ChunkRef, Manifest, check_chunks_present, merge_arrays
 from .names import object_key
 from .values import decode_value
 
 if TYPE_CHECKING:
-    from .store import CheckpointStore
+    from .catalog import StoreCatalog
 
 READ_THREADS = 8
 
@@ -87,7 +87,7 @@ class ArrayRef:
 class StepReader:
     """All ranks' manifests of one complete step, merged. From :meth:`CheckpointStore.open_step`."""
 
-    def __init__(self, store: CheckpointStore, step: int) -> None:
+    def __init__(self, store: StoreCatalog, step: int) -> None:
         self.store = store
         self.step = step
         info = store.step_info(step)
@@ -480,68 +480,10 @@ def _allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray
         ) from None
 
 
-def check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
-    """Every chunk of a non-empty array must have an entry: Ravex writes them all. This also
-    stops a hostile manifest from making a reader allocate a huge array it cannot fill."""
-    shape, chunk_shape = entry.shape, entry.chunk_shape
-    if not shape:
-        expected = 1
-    elif math.prod(shape) == 0:
-        expected = 0
-    else:
-        expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
-    grid = [math.ceil(s / c) if c > 0 else 0 for s, c in zip(shape, chunk_shape, strict=True)]
-    if (
-        any(c <= 0 for c in chunk_shape)
-        or len(entry.chunks) != expected
-        or not _exactly_the_grid(entry.chunks, grid)
-    ):
-        raise CorruptObjectError(
-            f"step {step} tensor {path!r}: {len(entry.chunks)} chunk entries for a grid of {expected} "
-            f"(shape {list(shape)}, chunks {list(chunk_shape)}); the manifest is inconsistent"
-        )
-
-
-def _exactly_the_grid(chunks: dict[str, Any], grid: list[int]) -> bool:
-    """Whether the chunk keys (as many as the grid has cells) are the grid's keys."""
-    if not grid:  # a scalar: one chunk, key "c"
-        return list(chunks) == ["c"]
-    if all(g == 1 for g in grid[1:]):  # chunked along dim 0 only: build the keys
-        tail = "/0" * (len(grid) - 1)
-        return all(f"c/{i}{tail}" in chunks for i in range(grid[0]))
-    return all(_in_grid(key, grid) for key in chunks)  # same count, all in the grid: exactly the grid
-
-
-def _in_grid(key: str, grid: list[int]) -> bool:
-    parts = key.split("/")[1:]
-    return len(parts) == len(grid) and all(int(p) < g for p, g in zip(parts, grid, strict=True))
-
-
 def _check_raw(decoded: bytes | memoryview, ref: ChunkRef, where: str) -> None:
     if digest(decoded) != ref.raw:
         what = f"object {ref.object}" if ref.object else "inline chunk"
         raise CorruptObjectError(f"{where}: {what} does not match its digest (corrupt bytes)")
-
-
-def merge_arrays(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
-    """Union of the ranks' arrays; metadata must agree, a chunk may come from one rank only
-    (or from several with identical content)."""
-    merged: dict[str, ArrayEntry] = {}
-    for m in manifests:
-        for path, entry in m.arrays.items():
-            have = merged.get(path)
-            if have is None:
-                merged[path] = ArrayEntry(zarr=entry.zarr, chunks=dict(entry.chunks))
-                continue
-            if have.zarr != entry.zarr:
-                raise ManifestError(f"step {m.step} rank {m.rank}: tensor {path!r} metadata differs between ranks")
-            for key, ref in entry.chunks.items():
-                other = have.chunks.setdefault(key, ref)
-                if other.raw != ref.raw:
-                    raise ManifestError(
-                        f"step {m.step} rank {m.rank}: tensor {path!r} chunk {key} differs between ranks"
-                    )
-    return merged
 
 
 def _keys(subtree: Any) -> tuple:

@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 from .dtypes import data_type
 from .keyview import step_keys
 from .names import object_key, step_dir
+from .reader import StepReader
 from .storage import atomic_write
 
 if TYPE_CHECKING:
-    from .store import CheckpointStore
+    from .catalog import StoreCatalog
 
 __all__ = ["REFS_NAME", "export_refs", "refs_key", "refs_worth_writing", "step_refs", "write_refs"]
 
@@ -57,13 +58,13 @@ def refs_key(step: int) -> str:
     return f"{step_dir(step)}/{REFS_NAME}"
 
 
-def step_refs(store: CheckpointStore, step: int | str, root: str = ".") -> dict[str, Any]:
+def step_refs(store: StoreCatalog, step: int | str, root: str = ".") -> dict[str, Any]:
     """The fsspec reference document (version 1) of a complete step.
 
     ``root`` is what the ``{{u}}`` template stands for: ``"."`` (the default) keeps the
     file valid wherever the store is copied; a reader elsewhere overrides it.
     """
-    reader = store.open_step(step)
+    reader = StepReader(store, store.resolve_step(step))
     refs: dict[str, Any] = {}
     for key, entry in step_keys(reader).items():
         if entry.doc is not None:
@@ -79,15 +80,15 @@ def step_refs(store: CheckpointStore, step: int | str, root: str = ".") -> dict[
     return {"version": 1, "templates": {ROOT_TEMPLATE: root}, "refs": refs}
 
 
-def refs_worth_writing(store: CheckpointStore, step: int | str) -> bool:
+def refs_worth_writing(store: StoreCatalog, step: int | str) -> bool:
     """Whether a writer should add ``refs.json`` to ``step`` unasked (see the module doc)."""
-    reader = store.open_step(step)
+    reader = StepReader(store, store.resolve_step(step))
     entries = sum(len(entry.chunks) for entry in reader.arrays.values())
     logical = sum(math.prod(e.shape) * data_type(e.data_type).itemsize for e in reader.arrays.values())
     return entries <= AUTO_ALWAYS_ENTRIES or entries * _BYTES_PER_ENTRY <= AUTO_MAX_SHARE * logical
 
 
-def export_refs(store: CheckpointStore, dest: str, step: int | str = "latest") -> str:
+def export_refs(store: StoreCatalog, dest: str, step: int | str = "latest") -> str:
     """Write a step's reference document to the local file ``dest`` (which must not exist).
 
     Its ``{{u}}`` template records ``"."``; a reader passes the store's location (module doc).
@@ -99,7 +100,7 @@ def export_refs(store: CheckpointStore, dest: str, step: int | str = "latest") -
     return dest
 
 
-def write_refs(store: CheckpointStore, step: int | str) -> str:
+def write_refs(store: StoreCatalog, step: int | str) -> str:
     """Write ``steps/<step>/refs.json`` for a complete step; returns its key.
 
     Deterministic and idempotent: calling it again (from another rank, after a retry)

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import clock
 from .codecs import codecs_for, parse_compression, pipeline
 from .dtypes import DataType, from_numpy
 from .errors import RavexError, UnsupportedValueError
+from .gc import DEFAULT_GRACE_SECONDS
 from .hashing import digest
 from .manifest import ArrayEntry, ChunkRef, Manifest
 from .names import escape_key, manifest_key, object_key
@@ -36,8 +38,8 @@ from .refs import refs_worth_writing, write_refs
 from .values import encode_value
 
 if TYPE_CHECKING:
+    from .catalog import StoreCatalog
     from .storage import PendingWrite
-    from .store import CheckpointStore
 
 logger = logging.getLogger("ravex.format")
 
@@ -136,7 +138,7 @@ class StepWriter:
 
     def __init__(
         self,
-        store: CheckpointStore,
+        store: StoreCatalog,
         rank: int = 0,
         world_size: int = 1,
         compression: str = "none",
@@ -144,7 +146,7 @@ class StepWriter:
         threads: int | None = None,
         run: str | None = None,
         delta: bool = True,
-        grace_seconds: float = 3600.0,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> None:
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -345,14 +347,13 @@ class StepWriter:
 
         t_sync = time.perf_counter()
         self.store.storage.sync()  # every object durable before the manifest names it
-        from .store import now_iso
 
         manifest = Manifest(
             step=step,
             rank=self.rank,
             world_size=self.world_size,
             run=self.run,
-            created_at=now_iso(),
+            created_at=clock.now_iso(),
             tree=tree_doc,
             arrays={p: ArrayEntry(zarr=_zarr_json(a), chunks=chunk_maps[p]) for p, a in planned.items()},
             metadata={str(k): str(v) for k, v in (metadata or {}).items()},

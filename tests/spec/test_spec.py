@@ -21,8 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ravex.format import open_store
-from ravex.format import store as store_module
+from ravex.format import clock, open_store
 from ravex.format.dtypes import BY_NAME
 from ravex.format.hashing import digest
 from ravex.format.manifest import Manifest
@@ -101,9 +100,9 @@ def example_tree() -> dict[str, Any]:
 def build_example_store(path: str, monkeypatch: Any = None) -> tuple[dict, dict, list[tuple[str, int]]]:
     """Write the worked example; return (ravex.json, manifest, [(object key, size)])."""
     if monkeypatch is not None:
-        monkeypatch.setattr(store_module, "now_iso", lambda: EXAMPLE_CREATED_AT)
+        monkeypatch.setattr(clock, "now_iso", lambda: EXAMPLE_CREATED_AT)
     else:  # when called by hand to regenerate the text of FORMAT.md
-        store_module.now_iso = lambda: EXAMPLE_CREATED_AT
+        clock.now_iso = lambda: EXAMPLE_CREATED_AT
     store = open_store(path, create=True, created_by="ravex 0.1.0")
     with store.writer(rank=0, world_size=1, run="example", chunk_bytes=1024) as w:
         w.commit(100, example_tree(), metadata={"note": "worked example"})
