@@ -65,7 +65,7 @@ def default_store(cwd: str | None = None, env: dict[str, str] | None = None) -> 
     from ravex.runtime.config import RavexConfig
 
     cwd = cwd or os.getcwd()
-    storage = RavexConfig.load(environ=os.environ if env is None else env, cwd=cwd).storage
+    storage = RavexConfig.load(environ=env, cwd=cwd).storage  # None: os.environ
     if storage.is_remote:
         return storage.url, storage.storage_options() or None
     url = os.path.expanduser(storage.url)
@@ -108,12 +108,14 @@ def open_store_for(url: str | None) -> CheckpointStore:
         raise UsageError(f"cannot open store {url!r}: {one_line(exc)}; check the path or URL") from None
 
 
-def open_step_for(spec: str, default: CheckpointStore | None = None) -> StepReader:
-    """A reader for ``step_100`` / ``100`` / ``latest`` / ``STORE@...``."""
+def open_step_for(spec: str, store: CheckpointStore | None = None) -> StepReader:
+    """A reader for ``step_100`` / ``100`` / ``latest`` / ``STORE@...``; ``store``, when given, is
+    the store ``spec`` names (already open), else the one it names is opened."""
     from ravex.format import RavexError
 
     store_url, step = split_step(spec)
-    store = default if store_url is None and default is not None else open_store_for(store_url)
+    if store is None:
+        store = open_store_for(store_url)
     try:
         return store.open_step(step)
     except RavexError as exc:

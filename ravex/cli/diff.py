@@ -6,7 +6,17 @@ import argparse
 
 from ravex.format.diff import StepDiff
 
-from .common import EXIT_OK, Verb, console, json_argument, open_step_for, print_json, progress_bar, split_step
+from .common import (
+    EXIT_OK,
+    Verb,
+    console,
+    json_argument,
+    open_step_for,
+    open_store_for,
+    print_json,
+    progress_bar,
+    split_step,
+)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -14,8 +24,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from ravex.format.diff import change_order, diff
     from ravex.tui.formatting import display_path
 
-    a = open_step_for(args.a)
-    b = open_step_for(args.b, default=a.store if split_step(args.b)[0] is None else None)
+    store_a = open_store_for(split_step(args.a)[0])
+    a = open_step_for(args.a, store_a)
+    b = open_step_for(args.b, store_a if split_step(args.b)[0] is None else None)  # a bare step: A's store
     with progress_bar("diff") as progress:
         result = diff(a, b, stats=not args.no_stats, progress=progress)
     tensors = sorted(result.tensors, key=change_order)

@@ -79,7 +79,7 @@ class InspectorApp(App[None]):
         Binding("m", "mark", "mark base", show=False),
         Binding("v", "validate", "validate"),
         Binding("i", "details", "details"),
-        Binding("escape", "back", "back", show=False),
+        Binding("escape", "go_back", "back", show=False),
         Binding("r", "reload", "reload", show=False),
     ]
 
@@ -344,7 +344,7 @@ class InspectorApp(App[None]):
         if event.input.id == "filter":
             self.query_one(TensorTree).focus()
 
-    def action_back(self) -> None:
+    def action_go_back(self) -> None:
         box = self.query_one("#filter", Input)
         if box.has_focus:
             box.value = ""
@@ -406,7 +406,7 @@ class InspectorApp(App[None]):
             self.call_from_thread(self._diff_title, generation, Text(f"diff failed: {one_line(exc)}", "red"))
             return
         unchanged = len(result.tensors) - len(rows)
-        self.call_from_thread(self._diff_rows, generation, list(rows), values, cells)
+        self.call_from_thread(self._diff_rows, generation, list(rows), values, cells)  # type: ignore[arg-type]
         every, reported = max(1, len(rows) // PROGRESS_STEPS), 0
         for i, td in enumerate(rows):
             if generation != self._generation:
@@ -428,9 +428,10 @@ class InspectorApp(App[None]):
         title.append(f"{len(rows)} changed, {unchanged} unchanged")
         if values:
             title.append(f", {len(values)} values changed", style="cyan")
-        self.call_from_thread(self._diff_rows, generation, rows, values, _table_rows(rows, values))
+        self.call_from_thread(self._diff_rows, generation, rows, values, _table_rows(rows, values))  # type: ignore[arg-type]
         self.call_from_thread(self._diff_title, generation, title)
 
+    # (called through call_from_thread, whose type variable mypy cannot solve for a coroutine function)
     async def _diff_rows(
         self, generation: int, rows: list[TensorDiff], values: list[ValueDiff], cells: list[tuple[tuple, str]]
     ) -> None:
