@@ -139,26 +139,3 @@ def _bad(tag: str, body: Any, where: str) -> Any:
 
 def _show(path: tuple) -> str:
     return "/".join(str(p) for p in path) or "<root>"
-
-
-def iter_array_refs(doc: Any) -> list[str]:
-    """Every array path a typed-JSON tree refers to, in tree order."""
-    out: list[str] = []
-
-    def walk(d: Any) -> None:
-        if isinstance(d, list):
-            for v in d:
-                walk(v)
-        elif isinstance(d, dict):
-            if len(d) == 1 and ARRAY_TAG in d:
-                out.append(d[ARRAY_TAG])
-                return
-            for k, v in d.items():
-                if k == "$dict":
-                    for pair in v:
-                        walk(pair[1])
-                else:
-                    walk(v)
-
-    walk(doc)
-    return out

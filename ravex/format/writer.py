@@ -550,14 +550,3 @@ def _zarr_json(arr: _PlannedArray) -> dict[str, Any]:
         "attributes": {},
         "storage_transformers": [],
     }
-
-
-def iter_chunk_keys(shape: tuple[int, ...], chunk_shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Every chunk key of a regular grid with its grid coordinates."""
-    if not shape:
-        yield "c", ()
-        return
-    grid = [math.ceil(s / c) if c else 0 for s, c in zip(shape, chunk_shape, strict=True)]
-    for idx in np.ndindex(*grid):
-        yield "c/" + "/".join(map(str, idx)), tuple(idx)
-
