@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ravex.format.gc import DEFAULT_GRACE_SECONDS
 from ravex.tui.formatting import one_line
 
 from .common import (
@@ -105,8 +106,8 @@ def _gc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-last", type=positive_int, default=None, metavar="N", help="keep the newest N steps")
     p.add_argument("--keep-every", type=positive_int, default=None, metavar="K",
                    help="keep every step divisible by K")
-    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
-                   help="keep unreferenced objects younger than this (default 3600)")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
+                   help=f"keep unreferenced objects younger than this (default {DEFAULT_GRACE_SECONDS:g})")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     json_argument(p)
 

@@ -209,7 +209,7 @@ def validate(
             )
         elif good:
             report.findings.extend(_array_problems(step, manifests))
-    progress(len(numbers), len(numbers), "")
+    progress(len(numbers), len(numbers), "manifests")
 
     if full:
         names = sorted(sound)  # an object only ever too small is reported as that, not rehashed
