@@ -3,7 +3,7 @@
 Each simulated rank is a process (forked, so imports are paid once) that writes its part of
 one sharded step into one local store, exactly as a rank of a real job would: its rows of
 every sharded array as whole chunks (``ravex.format.reshard``), its share of a replicated
-state (written once in total, split by ``ravex._distributed.assign``), its own RNG-sized
+state (written once in total, split by ``ravex.saving.ranks.assign``), its own RNG-sized
 per-rank array, then ``rank-<r>.json``. No process waits on another; a barrier only lines up
 the start. Reported:
 
@@ -14,7 +14,7 @@ the start. Reported:
   before the small collectives of a resume: list ``steps/``, read the newest step's W
   manifests, merge them) -- the slowest rank's time; and ``read_shard_s``: every rank
   reading back its own rows of the sharded arrays.
-* ``agree_collective_s``: ``_distributed.agree_on_steps`` itself (a broadcast of 67 int64s
+* ``agree_collective_s``: ``ravex.runtime.distributed.collectives.agree_on_steps`` itself (a broadcast of 67 int64s
   and a MIN all-reduce of 64 int8s) over gloo on this host, median of ``--agree-repeats``
   per rank, at ``--agree-ranks`` processes (default 8: gloo's 64-process rendezvous on 2
   cores measures the scheduler, not the collective).
@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from ravex import _distributed
 from ravex.format import ArrayShard, open_store, write_refs
 from ravex.format.reshard import aligned_chunk_rows, read_rows, shard_of, shard_rows
+from ravex.runtime.distributed.collectives import agree_on_steps
+from ravex.saving.ranks import assign
 
 STEP = 100
 RUN = "bench-ranks"
@@ -53,7 +54,7 @@ def _state(rank: int, world: int, rows: int, cols: int, n_sharded: int, replicat
         mine = shard_rows(n, world, rank)
         local = np.full((mine.stop - mine.start, cols), rank + i, dtype=np.float32)
         tree["sharded"][f"w{i}"] = shard_of(local, shape, world, rank, aligned_chunk_rows(shape, world, 4))
-    plan = _distributed.assign([(a.shape, a.dtype.itemsize) for a in replicated], world)
+    plan = assign([(a.shape, a.dtype.itemsize) for a in replicated], world)
     for i, arr in enumerate(replicated):
         chunk_rows, (lo, hi) = plan[i][rank]
         tree["replicated"][f"r{i}"] = ArrayShard(arr[lo:hi], arr.shape, lo if hi > lo else 0, chunk_rows)
@@ -85,15 +86,6 @@ def _resumer(rank: int, args: argparse.Namespace, barrier: Any, out: Any) -> Non
     out.put(("resume", rank, t0, t1, time.time(), latest))
 
 
-class _AgreeBackend:
-    """What ``_distributed.agree_on_steps`` touches on a backend (no store: nothing to drop)."""
-
-    store = None
-    url = "bench"
-    run_id: str | None = None
-    writes_agreed = False
-
-
 def _agreer(rank: int, args: argparse.Namespace, barrier: Any, out: Any) -> None:
     """The resume agreement collective itself (gloo, this host): broadcast + MIN all-reduce."""
     import torch.distributed as dist
@@ -105,10 +97,9 @@ def _agreer(rank: int, args: argparse.Namespace, barrier: Any, out: Any) -> None
     for _ in range(args.agree_repeats):
         dist.barrier()
         t0 = time.perf_counter()
-        backend = _AgreeBackend()
-        agreed = _distributed.agree_on_steps(steps, backend, rank, args.agree_ranks)
+        agreed, run_id = agree_on_steps(steps, rank, args.agree_ranks)
         times.append(time.perf_counter() - t0)
-    assert agreed[0] == STEP and backend.run_id
+    assert agreed[0] == STEP and run_id
     dist.destroy_process_group()
     out.put(("agree", rank, statistics.median(times)))
 

@@ -51,9 +51,9 @@ def activate(**overrides: Any) -> Any:
     baked into the patches and the open store). An unknown option raises
     :class:`TypeError`, naming the nearest valid one.
     """
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     if runtime is not None:
         if overrides:
             raise RuntimeError(
@@ -64,69 +64,57 @@ def activate(**overrides: Any) -> Any:
     from ravex.runtime.config import RavexConfig
 
     config = RavexConfig.load(overrides)
-    return _runtime.start(config, scan_existing=True)
-
-
-def _activate_from_autoloader() -> Any:
-    """What the ``.pth`` hook calls once torch is imported: nothing exists yet to scan."""
-    from ravex import _runtime
-
-    runtime = _runtime.get_runtime()
-    if runtime is not None:
-        return runtime
-    from ravex.runtime.config import RavexConfig
-
-    return _runtime.start(RavexConfig.load(), scan_existing=False)
+    return lifecycle.start(config, scan_existing=True)
 
 
 def deactivate() -> None:
     """Flush, stop checkpointing and remove every patch. Mostly for tests."""
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     if runtime is not None:
         runtime.shutdown(final_checkpoint=False)
-    _runtime.reset_runtime()
+    lifecycle.reset_runtime()
 
 
 def is_active() -> bool:
     """Whether the runtime is installed and checkpointing."""
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     return runtime is not None and runtime.enabled
 
 
 def checkpoint() -> bool:
     """Take a checkpoint now, outside the cadence. False if inactive or it failed."""
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     return runtime.checkpoint() if runtime is not None else False
 
 
 def flush() -> None:
     """Block until every pending checkpoint write has landed (or failed)."""
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     if runtime is not None:
         runtime.flush()
 
 
 def step() -> int:
     """The optimizer-step count as Ravex sees it (restored on resume)."""
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     return runtime.step if runtime is not None else 0
 
 
 def status() -> dict[str, Any]:
     """What the runtime is doing: step, objects, store, last checkpoint, last error."""
-    from ravex import _runtime
+    from ravex.runtime import lifecycle
 
-    runtime = _runtime.get_runtime()
+    runtime = lifecycle.get_runtime()
     if runtime is None:
         return {"active": False}
     return runtime.status()
@@ -143,6 +131,6 @@ def load(store: Any, step: int | str = "latest", subtree: Any = None, device: An
     Nothing is unpickled. Without torch, ``ravex.format.open_store(path).read(step)``
     gives the same tree with numpy arrays.
     """
-    from ravex._load import load as _load
+    from ravex.saving.load import load as load_tree
 
-    return _load(store, step, subtree=subtree, device=device)
+    return load_tree(store, step, subtree=subtree, device=device)

@@ -83,9 +83,9 @@ def _activate() -> None:
     if _in_worker_process():
         return
     try:
-        import ravex
+        from ravex.runtime.lifecycle import start_from_autoloader
 
-        ravex._activate_from_autoloader()
+        start_from_autoloader()
     except Exception as exc:  # a bad ravex.yaml must stop the run, in one line
         sys.stderr.write(f"ravex: {exc}\n")
         raise SystemExit(2) from None

@@ -85,7 +85,7 @@ class RavexConfig:
     compression: str = "none"
     delta: bool = True
     #: don't copy a tensor whose version counter, storage and layout did not move since the
-    #: last checkpoint (frozen parameters); see ravex._saver.Stager for what that misses
+    #: last checkpoint (frozen parameters); see ravex.saving.stager.Stager for what that misses
     skip_unchanged: bool = True
     #: every N-th checkpoint copies every tensor anyway (1: every one, i.e. no skipping)
     full_stage_every: int = 10

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from ravex import _distributed
+from ravex.runtime.distributed import collectives as _distributed
 
 
 @pytest.fixture

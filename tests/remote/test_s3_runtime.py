@@ -128,7 +128,7 @@ def test_sigkill_and_rerun_over_s3_resume_bitwise(trained):
 def test_no_request_per_chunk(trained):
     """The rerun: one resume, then checkpoints of 20, 30 and 36 (at exit). Nothing is listed or
     HEADed per chunk; the resume checks each object it restores from once (one HEAD each, in
-    parallel: ravex._state's check before reading into the live model)."""
+    parallel: ravex.runtime.restore's check before reading into the live model)."""
     log, n = trained.rerun_log, trained.rerun_checkpoints
     print(f"\nrerun over s3: {n} checkpoints; requests {dict(Counter(r.op for r in log))}; "
           f"the resumed step has {trained.resumed_chunks} chunks in {trained.resumed_objects} objects")

@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import torch
 
-from ravex import _copier
-from ravex._copier import PIECE_BYTES, Copier, byte_view
-from ravex._saver import Stager
+from ravex.saving import copier as _copier
+from ravex.saving.copier import PIECE_BYTES, Copier, byte_view
+from ravex.saving.stager import Stager
 
 
 def _pairs(sizes: list[int], seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 import ravex
-from ravex import _scan
-from ravex._registry import Registry
 from ravex.errors import RestoreError
 from ravex.format import open_store
+from ravex.runtime import scan as _scan
+from ravex.runtime.registry import Registry
 
 pytestmark = pytest.mark.usefixtures("ravex_clean")
 
@@ -80,7 +80,7 @@ def test_resume_writes_into_the_live_tensors_without_a_full_size_temporary(tmp_p
     before = _pointers(model, opt)
     versions = [t._version for s in opt.state.values() for t in s.values()]
     ravex.activate(storage=str(store), checkpoint_on_exit=False)  # finds them: the scan
-    runtime = ravex._runtime.get_runtime()
+    runtime = ravex.runtime.lifecycle.get_runtime()
     assert not runtime._restored
     tracemalloc.start()  # numpy's buffers are traced: a read into fresh arrays would show
     try:

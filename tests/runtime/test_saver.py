@@ -8,7 +8,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ravex._saver import AsyncSaver, Job, Stager
+from ravex.saving.plan import SavePlan
+from ravex.saving.stager import Stager
+from ravex.saving.writer_thread import AsyncSaver, Job
 
 
 def test_staging_buffers_are_allocated_once_and_reused():
@@ -76,7 +78,7 @@ def test_one_write_in_flight_and_backpressure_is_measured():
         return {}
 
     saver = AsyncSaver(write, lambda job, result, error: done.append((job.step, error)))
-    saver.submit(Job(1, {}, {}, {"wait": 0, "stage": 0}, 0))
+    saver.submit(Job(SavePlan(1, {}, {}), {"wait": 0, "stage": 0}, 0))
     started.wait()
     assert saver.busy
     waiter = threading.Thread(target=lambda: done.append(("waited", saver.wait_idle())))
@@ -84,7 +86,7 @@ def test_one_write_in_flight_and_backpressure_is_measured():
     release.set()
     waiter.join()
     assert done[0] == (1, None) and done[1][0] == "waited" and done[1][1] >= 0
-    saver.submit(Job(2, {}, {}, {"wait": 0, "stage": 0}, 0))
+    saver.submit(Job(SavePlan(2, {}, {}), {"wait": 0, "stage": 0}, 0))
     saver.flush()
     assert done[-1][0] == 2 and isinstance(done[-1][1], OSError)  # kept, not raised
     saver.close()

@@ -9,9 +9,9 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler, StepLR
 from torch.utils.data import DataLoader
 
-from ravex._registry import KINDS, Registry
-from ravex._runtime import RavexRuntime
 from ravex.runtime.config import RavexConfig
+from ravex.runtime.lifecycle import RavexRuntime
+from ravex.runtime.registry import KINDS, Registry
 
 
 def _reference_scan(registry: Registry) -> None:

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from ravex._saver import Stager
 from ravex.errors import ConfigError
 from ravex.runtime.config import RavexConfig
+from ravex.saving.stager import Stager
 
 from . import harness
 
@@ -106,7 +106,7 @@ def test_a_dense_write_the_counter_misses_is_caught_by_the_probe(caplog):
 def test_the_batched_device_probe_on_mixed_dtypes(monkeypatch, caplog):
     """The GPU path of the probe (samples gathered where they live, one transfer), run on
     CPU tensors: only the tensors written behind the counter's back are copied again."""
-    import ravex._saver as saver
+    import ravex.saving.stager as saver
 
     monkeypatch.setattr(saver, "_gather_on_device", lambda t: True)
     tree = {"bf": torch.randn(300, 7).to(torch.bfloat16), "i": torch.arange(1000), "b": torch.ones(5, dtype=torch.bool),

@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
-from ravex._chunking import SPARSE_CHUNK_BYTES
 from ravex.format import open_store
+from ravex.runtime.chunking import SPARSE_CHUNK_BYTES
 
 ROWS, DIM, HOT, STEPS = 8192, 64, 82, 6  # 82 rows = 1% of the table per step
 

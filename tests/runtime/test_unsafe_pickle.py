@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from ravex.backends import TorchSaveBackend
 from ravex.errors import CorruptObjectError
 from ravex.runtime.config import RavexConfig
+from ravex.saving.plan import SavePlan
+from ravex.saving.torch_save import TorchSaveBackend
 
 
 class _Payload:
@@ -62,7 +63,7 @@ def test_what_ravex_writes_loads_with_weights_only(backend):
         "schedulers": [{"state": {"last_epoch": 4, "base_lrs": [0.1], "best": float("inf")}}],
         "custom": {"array": np.arange(4, dtype=np.uint32), "scalar": np.float64(0.25)},
     }
-    backend.save(3, tree, {"step": 3})
+    backend.save(SavePlan(3, tree, {"step": 3}))
     backend.flush()
     assert backend.last_error is None, backend.last_error
     got = backend.load_step(3)

@@ -99,7 +99,7 @@ def install(runtime: Any) -> Patches:
         @functools.wraps(original)
         def __init__(self: Any, loader: Any) -> None:
             original(self, loader)
-            st = loader.__dict__.get("_ravex_state")
+            st = runtime.registry.state_of(loader)
             if st is None:
                 return
             self._ravex_state = st

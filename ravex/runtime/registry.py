@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("models", "optimizers", "schedulers", "scalers", "loaders")
+#: Attributes Ravex keeps on the objects themselves (held weakly here, they carry their own).
+_LOADER_STATE = "_ravex_state"
+_OPTIMIZER_STEPS = "_ravex_steps"
 
 
 @dataclass
@@ -50,7 +54,7 @@ class Registry:
         entry = table.get(key)
         if entry is not None and entry[1]() is obj:
             return
-        table[key] = (next(self._seq), weakref.ref(obj, lambda _r, k=key, t=table: t.pop(k, None)))
+        table[key] = (next(self._seq), weakref.ref(obj, _forgetter(table, key)))
 
     def live(self, kind: str) -> list[Any]:
         """Live objects of ``kind`` in creation order."""
@@ -74,12 +78,32 @@ class Registry:
         return {kind: len(self.live(kind)) for kind in KINDS}
 
     def loader_state(self, loader: Any) -> LoaderState:
-        state = loader.__dict__.get("_ravex_state")
+        """``loader``'s state, registering the loader on first sight."""
+        state = self.state_of(loader)
         if state is None:
             self.add("loaders", loader)
             state = LoaderState()
-            loader.__dict__["_ravex_state"] = state
+            loader.__dict__[_LOADER_STATE] = state
         return state
+
+    @staticmethod
+    def state_of(loader: Any) -> LoaderState | None:
+        """``loader``'s state if it has been seen (kept on the loader: it lives as long)."""
+        return loader.__dict__.get(_LOADER_STATE)
+
+    @staticmethod
+    def optimizer_steps(optimizer: Any) -> int:
+        """The steps ``optimizer`` has taken as Ravex counts them (restored on resume)."""
+        return int(optimizer.__dict__.get(_OPTIMIZER_STEPS, 0))
+
+    @staticmethod
+    def set_optimizer_steps(optimizer: Any, steps: int) -> None:
+        optimizer.__dict__[_OPTIMIZER_STEPS] = steps
+
+
+def _forgetter(table: dict[int, Any], key: int) -> Callable[[weakref.ref], None]:
+    """The weak reference's callback: the entry goes when the object does."""
+    return lambda _ref: table.pop(key, None)  # type: ignore[func-returns-value]
 
 
 def _ordered(table: dict[int, tuple[int, weakref.ref]]) -> list[Any]:

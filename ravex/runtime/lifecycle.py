@@ -26,16 +26,25 @@ import time
 import weakref
 from typing import Any
 
-from ravex import _distributed, _patches, _state
-from ravex._registry import LoaderState, Registry
-from ravex.runtime.config import RavexConfig
+from ravex.errors import RestoreError
+from ravex.saving.backend import CheckpointBackend
+from ravex.saving.plan import SavePlan
+
+from . import patches, restore, rng
+from .breaker import CircuitBreaker
+from .chunking import chunk_bytes_for
+from .config import RavexConfig
+from .distributed import collectives, layout
+from .plan import collect
+from .registry import KINDS, LoaderState, Registry
 
 logger = logging.getLogger("ravex")
 
 _runtime: RavexRuntime | None = None
 
 
-def get_runtime(create: bool = False) -> RavexRuntime | None:
+def get_runtime() -> RavexRuntime | None:
+    """The process's runtime, None before :func:`start` and after :func:`reset_runtime`."""
     return _runtime
 
 
@@ -57,6 +66,14 @@ def start(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
         raise
     _install_exit_hook()
     return runtime
+
+
+def start_from_autoloader() -> RavexRuntime:
+    """What the ``.pth`` hook calls once torch is imported: nothing exists yet to scan."""
+    runtime = _runtime
+    if runtime is not None:
+        return runtime
+    return start(RavexConfig.load(), scan_existing=False)
 
 
 _exit_hook_installed = False
@@ -84,12 +101,8 @@ def _install_exit_hook() -> None:
     if _exit_hook_installed:
         return
     _exit_hook_installed = True
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - Python < 3.9
-        atexit.register(_shutdown_at_exit)
-        return
     try:
-        register(_shutdown_at_exit)
+        threading._register_atexit(_shutdown_at_exit)  # type: ignore[attr-defined]
     except RuntimeError:  # pragma: no cover - already shutting down
         atexit.register(_shutdown_at_exit)
 
@@ -116,9 +129,11 @@ class RavexRuntime:
         self.enabled = False
         self.step = 0
         self.pid = os.getpid()
-        self.rank = _distributed.get_rank()
-        self.world_size = _distributed.get_world_size()
-        self.backend: Any = None
+        self.rank = collectives.get_rank()
+        self.world_size = collectives.get_world_size()
+        self.backend: CheckpointBackend | None = None
+        #: skips due checkpoints while the storage is down; a test may put its own here
+        self.breaker = CircuitBreaker(where=config.storage.url)
         self.backend_error: str | None = None
         self.checkpoint_error: str | None = None
         self.last_stall: dict[str, float] | None = None
@@ -129,10 +144,13 @@ class RavexRuntime:
         self._last_time = time.monotonic()
         self._exit_signal: int | None = None
         self._crashed = False
-        self._patches: _patches.Patches | None = None
+        self._patches: patches.Patches | None = None
         self._triggers: list[Any] = []
         self._signals: dict[int, Any] = {}
         self._prepared_writes = False
+        self._run_agreed = False  # several ranks: run id and resume steps agreed
+        self._poll: collectives.Poll | None = None  # several ranks: shared decisions
+        self._load_seconds = 0.0
         self._candidates: list[int] = []
         self._resume_tree: dict[str, Any] | None = None
         self._resume_loaders: list[dict[str, Any]] | None = None
@@ -147,7 +165,7 @@ class RavexRuntime:
 
     def activate(self, scan_existing: bool = True) -> None:
         _setup_logging(self.config.log_level)
-        self._patches = _patches.install(self)
+        self._patches = patches.install(self)
         if scan_existing:
             self._scan_existing()
         self._open_backend()
@@ -183,13 +201,13 @@ class RavexRuntime:
                 self._patches = None
 
     def _scan_existing(self) -> None:
-        """``activate()`` after the model was built: find what already exists (``_scan``)."""
-        from ravex import _scan
+        """``activate()`` after the model was built: find what already exists (:mod:`.scan`)."""
+        from .scan import scan
 
-        _scan.scan(self.registry)
+        scan(self.registry)
 
     def _open_backend(self) -> bool:
-        from ravex.backends import get_backend
+        from ravex.saving.selection import get_backend
 
         if self.backend is not None:
             return True
@@ -224,40 +242,37 @@ class RavexRuntime:
             self._candidates = [resume]
         if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
             self._restored = False
-            self._triggers = _patches.install_restore_triggers(self)
+            self._triggers = patches.install_restore_triggers(self)
 
     def _load_resume(self) -> dict[str, Any] | None:
         """Read the newest readable candidate step; corrupt ones fall back with a warning."""
         if self._resume_loaded:
             return self._resume_tree
         self._resume_loaded = True
+        backend = self.backend
+        assert backend is not None  # a resume is planned only with a backend open
         candidates = self._candidates
         if self.world_size > 1:  # one collective: the steps every rank holds, and the run id
-            candidates = _distributed.agree_on_steps(candidates, self.backend, self.rank,
-                                                     self.world_size)
+            candidates = self._agree_on_steps(backend, candidates)
         for i, step in enumerate(candidates):
             started = time.perf_counter()
             try:
-                if self.world_size == 1 and getattr(self.backend, "name", None) == "zarr":
-                    tree = self.backend.load_step(step, lazy=True)  # tensors read at restore
-                else:
-                    tree = self.backend.load_step(step)
-                if tree is None:
+                loaded = backend.read_step(step, self.rank, self.world_size)
+                if loaded is None:
                     raise FileNotFoundError(f"step {step} vanished")
-                if _distributed.is_lazy(tree):  # several ranks or shards: read what is ours
-                    tree = _distributed.resolve(self.registry, tree)
+                if loaded.reader is not None:  # several ranks or shards: read what is ours
+                    tree = layout.resolve(self.registry, loaded, self.rank, self.world_size)
                 else:  # model/optimizer tensors go straight into the live ones at restore
-                    tree = _state.read_small(tree)
+                    tree = restore.read_small(loaded.tree)
                 failed: Exception | None = None
             except Exception as exc:
                 failed = exc
-            if self.world_size > 1 and not _distributed.all_ok(failed is None) and failed is None:
+            if self.world_size > 1 and not collectives.all_ok(failed is None) and failed is None:
                 failed = RuntimeError("another rank could not read it")
             if failed is not None:
-                exc = failed
                 nxt = candidates[i + 1] if i + 1 < len(candidates) else None
                 logger.warning("ravex: checkpoint step %d in %s is unreadable (%s: %s); %s",
-                               step, self.backend.url, type(exc).__name__, exc,
+                               step, backend.url, type(failed).__name__, failed,
                                f"falling back to step {nxt}" if nxt is not None
                                else "no older step left, starting fresh")
                 continue
@@ -267,6 +282,24 @@ class RavexRuntime:
             self._load_seconds = time.perf_counter() - started
             return tree
         return None
+
+    def _agree_on_steps(self, backend: CheckpointBackend, candidates: list[int]) -> list[int]:
+        """Several ranks, before anyone writes: rank 0 drops a crashed run's partial steps
+        (newer than its newest complete one), then the ranks agree on the resume candidates
+        and the run id their manifests share."""
+        if self.rank == 0:
+            try:
+                dropped = backend.discard_incomplete_above(backend.latest_step())
+            except Exception as exc:  # a stale partial step costs space, not correctness
+                logger.warning("ravex: could not drop incomplete steps in %s: %s", backend.url, exc)
+            else:
+                if dropped:
+                    logger.info("ravex: dropped incomplete steps %s (a crashed run's partial writes)",
+                                dropped)
+        agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size)
+        backend.set_run(run_id)
+        self._run_agreed = True
+        return agreed
 
     def ensure_restored(self) -> None:
         """Restore the checkpoint into the live objects, once, before training touches them."""
@@ -280,8 +313,9 @@ class RavexRuntime:
         if tree is None:
             return
         started = time.perf_counter()
+        assert self.backend is not None
         where = f"checkpoint step {self.resumed_from} in {self.backend.url!r}"
-        _state.restore(self.registry, tree, where)
+        restore.restore(self.registry, tree, where)
         self.step = int(tree["ravex"]["step"])
         self.last_checkpoint_step = self.step
         self._resume_tree = None  # the tensors now live in the model; drop the copy
@@ -300,7 +334,8 @@ class RavexRuntime:
         if index >= len(self._resume_loaders):
             return None
         entry = self._resume_loaders[index]
-        _state.check_loader(f"checkpoint step {self.resumed_from} in {self.backend.url!r}",
+        assert self.backend is not None  # a checkpoint was read through it
+        restore.check_loader(f"checkpoint step {self.resumed_from} in {self.backend.url!r}",
                             index, loader, entry)
         return entry
 
@@ -324,18 +359,18 @@ class RavexRuntime:
                 return _Empty()
             # Replay the epoch's start: same worker seeds, same shuffle order.
             was_restored = self._restored
-            current = _state.capture_epoch_rng(loader) if was_restored else None
-            _state.restore_epoch_rng(loader, entry["epoch_rng"])
+            current = rng.capture_epoch_rng(loader) if was_restored else None
+            rng.restore_epoch_rng(loader, entry["epoch_rng"])
             st.exhausted = False
             st.pending_skip = st.yielded
             iterator = original(loader)
             if current is not None:
-                _state.restore_epoch_rng(loader, current)
+                rng.restore_epoch_rng(loader, current)
             else:
                 self.ensure_restored()  # sets every RNG to the checkpoint's
             return iterator
         st.epoch, st.yielded, st.exhausted = epoch, 0, False
-        st.epoch_rng = _state.capture_epoch_rng(loader)
+        st.epoch_rng = rng.capture_epoch_rng(loader)
         st.pending_skip = 0
         return original(loader)
 
@@ -349,8 +384,8 @@ class RavexRuntime:
         """
         if not self.enabled:
             return
-        n = optimizer.__dict__.get("_ravex_steps", 0) + 1
-        optimizer.__dict__["_ravex_steps"] = n
+        n = self.registry.optimizer_steps(optimizer) + 1
+        self.registry.set_optimizer_steps(optimizer, n)
         if n <= self.step:
             return
         self.step = n
@@ -400,7 +435,7 @@ class RavexRuntime:
     def _check_time(self) -> None:
         """Time-based checkpoint due? With several ranks also: a signal caught by any rank?
 
-        Under torchrun both are decided collectively (:class:`_distributed.Poll`): at a step
+        Under torchrun both are decided collectively (:class:`.collectives.Poll`): at a step
         every rank reaches, rank 0's clock and any rank's caught signal are exchanged in one
         tiny all-reduce, so every rank checkpoints (or exits after) the same step. The first
         call at a new step comes from the optimizer step hook; later calls at that step
@@ -409,8 +444,8 @@ class RavexRuntime:
         seconds = self.config.checkpoint_every_seconds
         time_due = bool(seconds and self.step != self.last_checkpoint_step
                         and time.monotonic() - self._last_time >= seconds)
-        poll = getattr(self, "_poll", None)
-        if poll is None or not (seconds or self._signals) or not _distributed.can_agree():
+        poll = self._poll
+        if poll is None or not (seconds or self._signals) or not collectives.can_agree():
             if time_due:
                 self._due = True
             return
@@ -432,7 +467,7 @@ class RavexRuntime:
             # Every rank is here at the same step (the signal was agreed on): wait until all
             # have flushed, or the first rank to exit makes torchrun SIGTERM the others
             # before their manifests are written, leaving the step incomplete.
-            _distributed.all_ok(True)
+            collectives.all_ok(True)
             code = 128 + self._exit_signal
             logger.warning("ravex: checkpoint of step %d flushed; exiting with status %d",
                            self.step, code)
@@ -446,15 +481,13 @@ class RavexRuntime:
         dropped it by the time ``atexit`` runs. Taken at the first step and at each
         checkpoint: nothing per step.
         """
-        from ravex._registry import KINDS
-
         for kind in KINDS:
             for obj in self.registry.live(kind):
                 self._keepalive.setdefault(id(obj), obj)
 
     def _loader_active(self) -> bool:
         for loader in self.registry.live("loaders"):
-            st = loader.__dict__.get("_ravex_state")
+            st = self.registry.state_of(loader)
             if st is not None and st.epoch >= 0 and not st.exhausted:
                 return True
         return False
@@ -464,7 +497,7 @@ class RavexRuntime:
         return self._checkpoint_now(None, reason="manual", force=force)
 
     def _checkpoint_now(self, st: LoaderState | None, reason: str, force: bool = False) -> bool:
-        """Take a checkpoint unless the storage breaker is cooling down (ravex._breaker):
+        """Take a checkpoint unless the storage breaker is cooling down (:mod:`.breaker`):
         then a due or manual one is skipped (False). The exit and signal checkpoints are
         the last chance and always try. With several ranks all skip when any rank's
         breaker would (one small all-reduce per checkpoint).
@@ -473,30 +506,23 @@ class RavexRuntime:
         self._last_time = time.monotonic()
         if not force and self.step == self.last_checkpoint_step:
             return False
-        from ravex import _breaker
-
-        breaker = _breaker.of(self, self.config.storage.url)
-        agree = _distributed.all_ok if self.world_size > 1 else None
+        breaker = self.breaker
+        agree = collectives.all_ok if self.world_size > 1 else None
         if not (reason == "exit" or self._exit_signal is not None or breaker.allow(agree)):
             return False  # storage down (here or on another rank): skipped at no cost, training goes on
         if not self._open_backend():
             self.checkpoint_error = self.backend_error
             breaker.failed(self.step)
             return False
+        backend = self.backend
+        assert backend is not None
         try:
             self.ensure_restored()
             if not self._prepared_writes:
-                self.backend.prepare_writes(self.resumed_from)
+                self._prepare_writes(backend)
                 self._prepared_writes = True
-            tree = _state.collect(self.registry, self.step, st)
-            if getattr(self.backend, "name", None) == "zarr":  # ranks, shards: who writes what
-                tree = _distributed.prepare_save(tree, self.rank, self.world_size)
-            self._keep_alive()
-            metadata = {"reason": reason, "time": time.time(), "pid": self.pid,
-                        "ravex": _version()}
-            self.backend.breaker = breaker  # the writer thread reports the outcome to it
-            self.last_stall = self.backend.save(self.step, tree, metadata)
-        except _state.RestoreError:
+            self.last_stall = backend.save(self._plan(st, reason), breaker)
+        except RestoreError:
             raise
         except Exception as exc:
             self.checkpoint_error = f"step {self.step}: {type(exc).__name__}: {exc}"
@@ -508,6 +534,27 @@ class RavexRuntime:
         self.last_checkpoint_step = self.step
         return True
 
+    def _prepare_writes(self, backend: CheckpointBackend) -> None:
+        """Once, before this process's first write: drop a crashed run's partial steps. With
+        several ranks that is part of their agreement (run without a resume, ``resume:
+        never``, it runs here)."""
+        if self.world_size > 1:
+            if backend.shared_run and not self._run_agreed:
+                self._agree_on_steps(backend, [])
+            return
+        latest = backend.latest_step()
+        backend.discard_incomplete_above(max(s for s in (self.resumed_from, latest, -1) if s is not None))
+
+    def _plan(self, st: LoaderState | None, reason: str) -> SavePlan:
+        """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`: the
+        tree, this rank's layout, and the chunk size of each sparsely updated table."""
+        tree, rank_layout = layout.lay_out(collect(self.registry, self.step, st), self.rank,
+                                           self.world_size)
+        self._keep_alive()
+        metadata = {"reason": reason, "time": time.time(), "pid": self.pid, "ravex": _version()}
+        chunk_bytes = chunk_bytes_for(self.registry, tree) if rank_layout is None else {}
+        return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes)
+
     def flush(self) -> None:
         if self.backend is not None:
             self.backend.flush()
@@ -516,7 +563,7 @@ class RavexRuntime:
 
     def _install_signals(self) -> None:
         if self.world_size > 1:  # decisions all ranks must share go through one poll
-            self._poll = _distributed.Poll(self.config.checkpoint_every_seconds)
+            self._poll = collectives.Poll(self.config.checkpoint_every_seconds)
         if threading.current_thread() is not threading.main_thread():
             return
         for name in self.config.checkpoint_on_signal:
@@ -545,10 +592,10 @@ class RavexRuntime:
         it: a signal that reached one rank alone still stops all of them at the same step.
         """
         training = self._steps_here > 0
-        poll = getattr(self, "_poll", None)
-        shared = poll is not None and _distributed.can_agree()
+        poll = self._poll
+        shared = poll is not None and collectives.can_agree()
         if (os.getpid() != self.pid or self._exit_signal is not None or not training
-                or (shared and poll.pending)):
+                or (poll is not None and shared and poll.pending)):
             previous = self._signals.get(signum, signal.SIG_DFL)
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
             if callable(previous):
@@ -556,7 +603,7 @@ class RavexRuntime:
             else:
                 os.kill(os.getpid(), signum)
             return
-        if shared:
+        if poll is not None and shared:
             poll.pending = signum
             logger.warning("ravex: %s received at step %d on rank %d; all ranks checkpoint at "
                            "the step they next agree on, then exit", signal.Signals(signum).name,
@@ -590,8 +637,6 @@ class RavexRuntime:
     # ── reporting ───────────────────────────────────────────────────────
 
     def status(self) -> dict[str, Any]:
-        from ravex import _breaker
-
         backend = self.backend
         counts = self.registry.counts()
         return {
@@ -615,7 +660,7 @@ class RavexRuntime:
             "last_error": (self.checkpoint_error or self.backend_error
                            or (backend.last_error if backend is not None else None)),
             "failures": backend.failures if backend is not None else 0,
-            "breaker": _breaker.of(self, self.config.storage.url).status(),
+            "breaker": self.breaker.status(),
             "config": self.config.describe(),
         }
 

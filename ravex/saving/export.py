@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
-from ._load import load
-from .format import CheckpointStore
+from ravex.format import CheckpointStore
+from ravex.format.storage import atomic_file
+
+from .load import load
 
 
 def export_pt(
@@ -24,12 +26,6 @@ def export_pt(
     tuples, str, int, float, bool, None and bytes. The write is atomic (temp + rename).
     """
     dest = os.fspath(dest)
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    try:
-        torch.save(load(store, step, subtree=subtree), tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(dest) as fh:
+        torch.save(load(store, step, subtree=subtree), fh)
     return dest

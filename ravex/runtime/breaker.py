@@ -151,12 +151,3 @@ class CircuitBreaker:
                 "skipped_checkpoints": self.skipped,
                 "opened": self.opened,
             }
-
-
-def of(owner: Any, where: str = "storage") -> CircuitBreaker:
-    """The breaker kept on ``owner`` (the runtime) as ``owner.breaker``, made on first use;
-    a test may put its own there first (with a clock it controls)."""
-    breaker = owner.__dict__.get("breaker")
-    if breaker is None:
-        breaker = owner.__dict__.setdefault("breaker", CircuitBreaker(where=where))
-    return breaker

@@ -1,195 +1,50 @@
-"""What to save, and how to put it back: the plan half of DCP's plan/storage split.
+"""Putting a checkpoint back into the live objects, checked first, read in place.
 
-:func:`collect` turns the registry into one state tree (tensors live, not copied: the
-backend stages them). :func:`restore` puts a tree back into the registry's objects after
-checking that they are the same objects (creation order, type, parameter shapes); a
-changed architecture is an error, never a silent partial load.
+:func:`restore` puts a tree back into the registry's objects after checking that they are
+the same objects (creation order, type, parameter shapes); a changed architecture is an
+error, never a silent partial load.
 
 A resume from the format backend hands :func:`restore` a *lazy* tree: model and optimizer
 tensors are :class:`~ravex.format.ArrayRef` leaves, read only after every check passed,
 straight into the live tensors' memory (one parallel read, no second copy, no fresh pages),
 so ``load_state_dict`` then finds each tensor already in place. :func:`read_small` reads
-the rest of such a tree (RNG, loaders, schedulers) when the step is chosen.
-
-Tree layout (lists are indexed by creation order)::
-
-    ravex       {"step", "format": 1}
-    models      [{"type", "state": {name: tensor}}]
-    optimizers  [{"type", "shapes", "steps", "state": optimizer.state_dict()}]
-    schedulers  [{"type", "state"}]      scalers  [{"type", "state"}]
-    loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
-                  "active", "epoch_rng"}]
-    rng         {"python", "numpy", "torch", "cuda": [...]}
+the rest of such a tree (RNG, loaders, schedulers) when the step is chosen. The tree's
+layout is :mod:`ravex.runtime.plan`'s.
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from ravex._registry import LoaderState, Registry
 from ravex.errors import RestoreError
 from ravex.format import ArrayRef
+from ravex.saving.dtypes import as_tensor, raw_view, torch_dtype
+from ravex.saving.load import read_refs
+from ravex.saving.tree import tree_map
 
-TREE_FORMAT = 1
-
-
-# ── RNG ─────────────────────────────────────────────────────────────────
-
-
-def capture_rng() -> dict[str, Any]:
-    """Every RNG stream a training step draws from. CUDA only if already initialised."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    cuda: list[torch.Tensor] = []
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        cuda = list(torch.cuda.get_rng_state_all())
-    return {
-        "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": keys, "pos": int(pos), "has_gauss": int(has_gauss),
-                  "gauss": float(gauss)},
-        "torch": torch.get_rng_state(),
-        "cuda": cuda,
-    }
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    version, internal, gauss_next = state["python"]
-    random.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
-    n = state["numpy"]
-    np.random.set_state(
-        (n["kind"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-    torch.set_rng_state(as_tensor(state["torch"]).to(torch.uint8))
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([as_tensor(s).to(torch.uint8) for s in state["cuda"]])
-
-
-def capture_epoch_rng(loader: Any) -> dict[str, Any]:
-    """The RNG a DataLoader draws from when an epoch starts (worker seed, shuffle order)."""
-    out: dict[str, Any] = {"torch": torch.get_rng_state()}
-    for name, gen in _loader_generators(loader):
-        out[name] = gen.get_state()
-    return out
-
-
-def restore_epoch_rng(loader: Any, state: dict[str, Any]) -> None:
-    torch.set_rng_state(as_tensor(state["torch"]).to(torch.uint8))
-    for name, gen in _loader_generators(loader):
-        if state.get(name) is not None:
-            gen.set_state(as_tensor(state[name]).to(torch.uint8))
-
-
-def _loader_generators(loader: Any) -> list[tuple[str, torch.Generator]]:
-    gens = []
-    seen: set[int] = set()
-    for name, owner in (("generator", loader), ("sampler_generator", getattr(loader, "sampler", None)),
-                        ("batch_sampler_generator",
-                         getattr(getattr(loader, "batch_sampler", None), "sampler", None))):
-        gen = getattr(owner, "generator", None) if owner is not None else None
-        if isinstance(gen, torch.Generator) and id(gen) not in seen:
-            seen.add(id(gen))
-            gens.append((name, gen))
-    return gens
-
-
-# ── tensors ─────────────────────────────────────────────────────────────
-
-
-def as_tensor(value: Any) -> torch.Tensor:
-    """A tensor from a restored leaf: a tensor (torch_save) or a numpy array (format)."""
-    if isinstance(value, torch.Tensor):
-        return value
-    arr = np.asarray(value)
-    view = _ML_DTYPES.get(arr.dtype.name)
-    if view is not None:
-        int_np, torch_dtype = view
-        arr = arr.view(int_np)
-        return torch.from_numpy(np.array(arr, copy=not arr.flags.writeable)).view(torch_dtype)
-    if not arr.flags.writeable:
-        arr = arr.copy()
-    return torch.from_numpy(arr)
-
-
-_ML_DTYPES = {
-    "bfloat16": (np.int16, torch.bfloat16),
-    "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
-    "float8_e5m2": (np.uint8, torch.float8_e5m2),
-}
+from .plan import TREE_FORMAT, loader_identity, optimizer_shapes
+from .registry import Registry
+from .rng import restore_rng
 
 
 def tensors_in(tree: Any, read: dict[str, torch.Tensor] | None = None) -> Any:
     """``tree`` with every array leaf turned into a tensor; an :class:`ArrayRef` leaf becomes
     the tensor ``read`` holds for its path (or is read now, on its own)."""
-    if isinstance(tree, dict):
-        return {k: tensors_in(v, read) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [tensors_in(v, read) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(tensors_in(v, read) for v in tree)
-    if isinstance(tree, np.ndarray):
-        return as_tensor(tree)
-    if isinstance(tree, ArrayRef):
-        found = (read or {}).get(tree.path)
-        return found if found is not None else as_tensor(tree.read())
-    return tree
+    found = read or {}
 
+    def leaf(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return as_tensor(value)
+        if isinstance(value, ArrayRef):
+            tensor = found.get(value.path)
+            return tensor if tensor is not None else as_tensor(value.read())
+        return value
 
-# ── collect ─────────────────────────────────────────────────────────────
-
-
-def collect(registry: Registry, step: int, active_loader: LoaderState | None) -> dict[str, Any]:
-    """The whole training state as one tree, tensors aliasing live memory."""
-    tree: dict[str, Any] = {"ravex": {"step": step, "format": TREE_FORMAT}}
-    tree["models"] = [
-        {"type": type(m).__name__, "state": dict(m.state_dict())} for m in registry.models()
-    ]
-    tree["optimizers"] = [
-        {
-            "type": type(o).__name__,
-            "shapes": _optimizer_shapes(o),
-            "steps": int(o.__dict__.get("_ravex_steps", 0)),
-            "state": o.state_dict(),
-        }
-        for o in registry.live("optimizers")
-    ]
-    tree["schedulers"] = [
-        {"type": type(s).__name__, "state": s.state_dict()} for s in registry.live("schedulers")
-    ]
-    tree["scalers"] = [
-        {"type": type(s).__name__, "state": s.state_dict()} for s in registry.live("scalers")
-    ]
-    loaders = []
-    for loader in registry.live("loaders"):
-        st = registry.loader_state(loader)
-        loaders.append(
-            {
-                **_loader_identity(loader),
-                "epoch": st.epoch,
-                "yielded": st.yielded,
-                "exhausted": st.exhausted,
-                "active": st is active_loader,
-                "epoch_rng": st.epoch_rng,
-            }
-        )
-    tree["loaders"] = loaders
-    tree["rng"] = capture_rng()
-    return tree
-
-
-def _optimizer_shapes(opt: torch.optim.Optimizer) -> list[list[list[int]]]:
-    return [[list(p.shape) for p in group["params"]] for group in opt.param_groups]
-
-
-def _loader_identity(loader: Any) -> dict[str, Any]:
-    try:
-        length: int | None = len(loader)
-    except TypeError:
-        length = None
-    return {"type": type(loader).__name__, "length": length, "batch_size": loader.batch_size}
+    return tree_map(leaf, tree)
 
 
 # ── restore ─────────────────────────────────────────────────────────────
@@ -213,10 +68,10 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
         _check_model(where, i, model, saved)
     for i, (opt, saved) in enumerate(zip(optimizers, tree["optimizers"], strict=True)):
         _check_type(where, f"optimizer #{i}", opt, saved)
-        if _optimizer_shapes(opt) != _as_lists(saved["shapes"]):
+        if optimizer_shapes(opt) != _as_lists(saved["shapes"]):
             raise RestoreError(
                 f"{where}: optimizer #{i} ({type(opt).__name__}) holds parameters of shapes "
-                f"{_optimizer_shapes(opt)} but the checkpoint's has {_as_lists(saved['shapes'])}."
+                f"{optimizer_shapes(opt)} but the checkpoint's has {_as_lists(saved['shapes'])}."
                 + _FIX
             )
     for i, (obj, saved) in enumerate(zip(schedulers, tree["schedulers"], strict=True)):
@@ -239,7 +94,7 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
             model.load_state_dict(tensors_in(saved["state"], read), strict=True)
     for opt, saved in zip(optimizers, tree["optimizers"], strict=True):
         opt.load_state_dict(tensors_in(saved["state"], read))
-        opt.__dict__["_ravex_steps"] = int(saved["steps"])
+        registry.set_optimizer_steps(opt, int(saved["steps"]))
     for obj, saved in zip(schedulers, tree["schedulers"], strict=True):
         obj.load_state_dict(tensors_in(saved["state"]))
     for obj, saved in zip(scalers, tree["scalers"], strict=True):
@@ -250,7 +105,7 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
 
 def check_loader(where: str, index: int, loader: Any, saved: dict[str, Any]) -> None:
     """A DataLoader must be the same one: type, length and batch size."""
-    mine = _loader_identity(loader)
+    mine = loader_identity(loader)
     theirs = {k: saved.get(k) for k in mine}
     if mine != theirs:
         raise RestoreError(
@@ -306,22 +161,6 @@ def _check_model(where: str, index: int, model: torch.nn.Module, saved: dict[str
             )
 
 
-def torch_dtype(value: Any) -> torch.dtype | None:
-    """The torch dtype of a saved leaf: tensor, numpy array or :class:`ArrayRef`."""
-    if isinstance(value, torch.Tensor):
-        return value.dtype
-    dtype = getattr(value, "dtype", None)
-    if not isinstance(dtype, np.dtype):
-        return None
-    view = _ML_DTYPES.get(dtype.name)
-    if view is not None:
-        return view[1]
-    try:
-        return torch.from_numpy(np.empty(0, dtype)).dtype
-    except TypeError:
-        return None
-
-
 def _shape(value: Any) -> tuple[int, ...]:
     return tuple(getattr(value, "shape", ()))
 
@@ -336,7 +175,6 @@ def _as_lists(value: Any) -> Any:
 
 #: Tensor classes whose memory is exactly what ``numpy()`` shows (no DTensor, no wrappers).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _deferred(tree: dict[str, Any]) -> list[ArrayRef]:
@@ -358,41 +196,6 @@ def read_small(tree: dict[str, Any]) -> dict[str, Any]:
     if deferred:
         deferred[0].reader.check_objects([r.path for r in deferred])
     return read_refs(tree, keep={id(r) for r in deferred})
-
-
-def read_refs(tree: Any, keep: set[int] | frozenset[int] = frozenset()) -> Any:
-    """``tree`` with every :class:`ArrayRef` leaf (but those whose ``id`` is in ``keep``)
-    replaced by its array, all of them fetched in one parallel read."""
-    refs: list[ArrayRef] = []
-
-    def note(value: Any) -> None:
-        if isinstance(value, ArrayRef):
-            if id(value) not in keep:
-                refs.append(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                note(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                note(v)
-
-    note(tree)
-    if not refs:
-        return tree
-    arrays = refs[0].reader.read_arrays([r.path for r in refs])
-
-    def fill(value: Any) -> Any:
-        if isinstance(value, ArrayRef):
-            return value if id(value) in keep else arrays[value.path]
-        if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [fill(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(fill(v) for v in value)
-        return value
-
-    return fill(tree)
 
 
 def _plan_optimizer(plan: _InPlace, opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
@@ -438,7 +241,7 @@ class _InPlace:
             pin = device.type == "cuda" and torch.cuda.is_available()
             target = torch.empty(ref.shape, dtype=dtype, pin_memory=pin)
         self.refs.append(ref)
-        self.outs[ref.path] = _numpy_view(target)
+        self.outs[ref.path] = raw_view(target)
         self.tensors[ref.path] = target
 
     def _fits(self, live: Any, ref: ArrayRef, dtype: torch.dtype) -> bool:
@@ -471,10 +274,3 @@ class _InPlace:
         return self.tensors
 
 
-def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
-    """A writable numpy array over ``tensor``'s memory (bfloat16/float8 as same-size ints)."""
-    t = tensor.detach()
-    try:
-        return t.numpy()
-    except TypeError:  # no numpy dtype: the reader only needs the element size to match
-        return t.view(_INT_OF_SIZE[t.element_size()]).numpy()

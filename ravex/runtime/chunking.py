@@ -17,14 +17,13 @@ array keeps the writer's default.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-import numpy as np
+import torch
 
 from ravex.format.names import escape_key
 
-logger = logging.getLogger("ravex")
+from .registry import Registry
 
 #: Chunk size for sparsely updated tables. benchmarks/scenarios.py (c), 1% of rows per
 #: interval (Zipf), 256-byte rows, manifest counted: full/written 6.25x at 1 KiB, 7.25x at
@@ -34,11 +33,9 @@ logger = logging.getLogger("ravex")
 SPARSE_CHUNK_BYTES = 2 << 10
 
 
-def sparse_paths(registry: Any) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]:
-    """Tree paths (as ``ravex._state.collect`` lays the tree out) of sparsely updated
-    tensors, each with the shape it must have."""
-    import torch
-
+def sparse_paths(registry: Registry) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]:
+    """Tree paths (as :func:`ravex.runtime.plan.collect` lays the tree out) of sparsely
+    updated tensors, each with the shape it must have."""
     sparse_types = (torch.nn.Embedding, torch.nn.EmbeddingBag)
     out: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
     params: dict[int, tuple[int, ...]] = {}
@@ -65,11 +62,11 @@ def sparse_paths(registry: Any) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]
     return out
 
 
-def chunk_bytes_for(registry: Any, tree: Any, chunk_bytes: int = SPARSE_CHUNK_BYTES) -> dict[str, int]:
-    """Per-array chunk sizes for the writer (array name -> bytes) for the staged ``tree``.
+def chunk_bytes_for(registry: Registry, tree: Any, chunk_bytes: int = SPARSE_CHUNK_BYTES) -> dict[str, int]:
+    """Per-array chunk sizes for the writer (array name -> bytes) for the collected ``tree``
+    (on the training thread, so the live objects cannot change under the walk).
 
-    Only paths that lead to an array of the expected shape in ``tree`` are named, so a
-    tree laid out otherwise (several ranks, shards) simply keeps the default chunking.
+    Only paths that lead to a tensor of the expected shape in ``tree`` are named.
     """
     sizes: dict[str, int] = {}
     for path, shape in sparse_paths(registry):
@@ -82,25 +79,6 @@ def chunk_bytes_for(registry: Any, tree: Any, chunk_bytes: int = SPARSE_CHUNK_BY
             else:
                 node = None
                 break
-        if isinstance(node, np.ndarray) and node.ndim >= 1 and tuple(node.shape) == shape:
+        if isinstance(node, torch.Tensor) and node.dim() >= 1 and tuple(node.shape) == shape:
             sizes["/".join(escape_key(str(k)) for k in path)] = chunk_bytes
     return sizes
-
-
-def writer_chunk_bytes(tree: Any, previous: dict[str, int] | None = None) -> dict[str, int] | None:
-    """The per-array chunk sizes for this process's runtime, or None without one.
-
-    Runs on the background writer thread while training goes on: a change of the live
-    objects mid-walk (an optimizer adding state on its first step) keeps ``previous``, the
-    sizes of the last checkpoint, for this one (a changed size would rewrite the array).
-    """
-    from ravex._runtime import get_runtime
-
-    runtime = get_runtime()
-    if runtime is None:
-        return previous
-    try:
-        return chunk_bytes_for(runtime.registry, tree) or None
-    except Exception as exc:  # "dictionary changed size during iteration" and the like
-        logger.debug("ravex: sparse chunk policy kept the last checkpoint's sizes: %s", exc)
-        return previous

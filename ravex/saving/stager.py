@@ -1,4 +1,4 @@
-"""The async pipeline: stage (training thread) -> hash/encode/write (background thread).
+"""Staging: the copy of a checkpoint's tensors that the training loop waits for.
 
 The training loop is blocked for exactly two things, both measured and logged:
 
@@ -9,56 +9,38 @@ The training loop is blocked for exactly two things, both measured and logged:
 ``stage``
     copying the state into staging buffers allocated once and reused (pinned memory for
     CUDA tensors). Fresh allocations cost page faults that dwarf the copy on these VMs
-    (DESIGN.md: 1.5 GB/s into fresh memory vs 6.6 GB/s into reused buffers).
+    (1.5 GB/s into fresh memory vs 6.6 GB/s into reused buffers).
 
-Everything after that — hashing, encoding, writing, the manifest — happens on one
-background thread, and a failure there is logged and kept for ``status()``; it never
-reaches the training loop.
+Everything after that runs on the writer thread (:mod:`ravex.saving.writer_thread`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-import threading
-import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._copier import Copier, byte_view
-from .format.dtypes import data_type
-from .format.values import PLAIN_TYPES, all_plain
+from ravex.format.values import PLAIN_TYPES, all_plain
+
+from .copier import Copier, byte_view
+from .dtypes import numpy_view
+from .logline import mib
+from .plan import RowShard
 
 logger = logging.getLogger("ravex")
-
-#: torch dtypes numpy lacks: (same-size integer view, Zarr data type whose numpy form
-#: ``ml_dtypes`` gives, imported only when such a tensor is first seen: it takes ~0.8 s).
-_NUMPY_VIEWS: dict[torch.dtype, tuple[torch.dtype, str]] = {
-    torch.bfloat16: (torch.int16, "bfloat16"),
-    torch.float8_e4m3fn: (torch.uint8, "float8_e4m3fn"),
-    torch.float8_e5m2: (torch.uint8, "float8_e5m2"),
-}
-
-
-def numpy_view(tensor: torch.Tensor) -> np.ndarray:
-    """A zero-copy numpy view of a contiguous CPU tensor (bf16/fp8 via ``ml_dtypes``)."""
-    view = _NUMPY_VIEWS.get(tensor.dtype)
-    if view is not None:
-        return tensor.view(view[0]).numpy().view(data_type(view[1]).numpy)
-    return tensor.numpy()
 
 
 def _copy_cpu(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy a CPU tensor on this thread only (``np.copyto``), whatever torch's thread count.
 
     ``Tensor.copy_`` splits a large copy across intra-op threads; on a busy machine the
-    training loop then waits on a descheduled thread (measured 2026-12-02 with the since
-    removed benchmarks/proto_stage.py: 3.7x a bare copy, vs ~1.1x single-threaded).
+    training loop then waits on a descheduled thread (3.7x a bare copy, vs ~1.1x
+    single-threaded).
     Tensors numpy cannot view (conjugate/negative bits, dtypes without a numpy
     equivalent) fall back to ``copy_``.
     """
@@ -201,6 +183,8 @@ class Stager:
             return self._tensor(torch.from_numpy(np.ascontiguousarray(value)), path, skippable=False)
         if isinstance(value, np.generic):
             return value.item()
+        if kind is RowShard:  # this rank's rows of a sharded tensor: its local tensor is staged
+            return dataclasses.replace(value, local=self._tensor(value.local, path))
         return value
 
     def _tensor(self, tensor: torch.Tensor, path: tuple, skippable: bool = True) -> Any:
@@ -242,7 +226,7 @@ class Stager:
         else:
             src_bytes = byte_view(src) if size else None
             dst_bytes = byte_view(buf) if src_bytes is not None else None
-            if dst_bytes is None:
+            if src_bytes is None or dst_bytes is None:
                 _copy_cpu(buf, src)
             else:
                 self._copier.add(src_bytes, dst_bytes)
@@ -369,103 +353,3 @@ def _has_fused_optimizer(tree: Any) -> bool:
         elif isinstance(value, (list, tuple)) and not all_plain(value):
             stack.extend(v for v in value if isinstance(v, (dict, list, tuple)))
     return False
-
-
-@dataclass
-class Job:
-    """One checkpoint on its way to storage."""
-
-    step: int
-    tree: Any
-    metadata: dict[str, Any]
-    stall: dict[str, float]  # wait, stage: what the training loop paid
-    nbytes: int
-    submitted: float = field(default_factory=time.perf_counter)
-
-
-class AsyncSaver:
-    """One background thread, one job in flight; failures are kept, never raised.
-
-    ``write(job)`` runs on the thread and returns a dict of results (timings, bytes)
-    for ``on_done(job, result, error)``, which the backend uses for its log line.
-    """
-
-    def __init__(
-        self,
-        write: Callable[[Job], dict[str, Any]],
-        on_done: Callable[[Job, dict[str, Any] | None, BaseException | None], None],
-        name: str = "ravex-writer",
-    ) -> None:
-        self._write = write
-        self._on_done = on_done
-        self._cv = threading.Condition()
-        self._job: Job | None = None
-        self._busy = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def wait_idle(self) -> float:
-        """Block until nothing is in flight; return how long that took (backpressure)."""
-        started = time.perf_counter()
-        with self._cv:
-            while self._busy:
-                self._cv.wait()
-        return time.perf_counter() - started
-
-    def submit(self, job: Job) -> None:
-        """Hand ``job`` to the thread. The caller has waited for idle (buffers are shared)."""
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("saver is closed")
-            while self._busy:
-                self._cv.wait()
-            self._job = job
-            self._busy = True
-            self._cv.notify_all()
-
-    def flush(self) -> None:
-        self.wait_idle()
-
-    def close(self) -> None:
-        with self._cv:
-            while self._busy:
-                self._cv.wait()
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join(timeout=5)
-
-    @property
-    def busy(self) -> bool:
-        return self._busy
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while self._job is None and not self._closed:
-                    self._cv.wait()
-                if self._job is None:
-                    return
-                job = self._job
-            result: dict[str, Any] | None = None
-            error: BaseException | None = None
-            try:
-                result = self._write(job)
-            except BaseException as exc:  # a storage error must never reach training
-                error = exc
-            try:
-                self._on_done(job, result, error)
-            except Exception:  # pragma: no cover - logging must not kill the thread
-                logger.exception("ravex: checkpoint completion handler failed")
-            with self._cv:
-                self._job = None
-                self._busy = False
-                self._cv.notify_all()
-
-
-def mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
-
-
-def ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f}"

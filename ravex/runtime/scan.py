@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ravex._registry import Registry
+from .registry import Registry
 
 #: Objects visited at most while proving the finds live; past it, ``gc.collect()`` decides.
 WALK_LIMIT = 50_000

@@ -1,0 +1,174 @@
+"""The interface the runtime writes checkpoints through and resumes from.
+
+:meth:`CheckpointBackend.save` returns once the state has been *copied*, not once it has
+been written, and reports how long each phase of that handoff took, so the log line can
+say where a slow handoff went. Two implementations, one module each:
+
+``zarr`` (default, :mod:`ravex.saving.zarr`)
+    writes through :mod:`ravex.format`: content-addressed Zarr v3 chunks, unchanged
+    chunks reused, no pickle on the way back.
+``torch_save`` (:mod:`ravex.saving.torch_save`)
+    one ``step_<n>.pt`` per checkpoint, ``torch.save`` on the writer thread. Used when
+    asked for, or when the format backend cannot start on local storage.
+
+Both share the stager (reused staging buffers) and the writer thread (one write in flight).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .logline import ms, stall_text
+from .plan import Outcomes, SavePlan
+from .stager import Stager
+from .writer_thread import AsyncSaver, Job
+
+logger = logging.getLogger("ravex")
+
+
+@dataclass
+class LoadedStep:
+    """A step read back for resuming. ``tree`` may hold :class:`~ravex.format.ArrayRef`
+    leaves: tensors not read yet, for the runtime to read straight into the live ones."""
+
+    tree: dict[str, Any]
+    #: set when the tree is one rank's view of a multi-rank (or sharded) step: the
+    #: replicated sections' tensors are left unread, for the runtime to read this rank's
+    #: part of each (it knows the live DTensors)
+    reader: Any = None
+    #: how many ranks wrote the step, and whose per-rank state (RNG, loaders) ``tree`` holds
+    saved_world_size: int = 1
+    saved_rank: int = 0
+
+
+class CheckpointBackend(ABC):
+    """Storage the runtime checkpoints to.
+
+    Call order (all on the training thread; the writes themselves on the writer thread):
+
+    1. :meth:`complete_steps` and :meth:`read_step`, any number of times, before the
+       first save (the resume);
+    2. :meth:`set_run` (several ranks: the run id they agreed on) and
+       :meth:`discard_incomplete_above`, once, before the first save;
+    3. :meth:`save`, any number of times: each waits for the previous write, stages the
+       plan's tensors and hands the copy to the writer thread;
+    4. :meth:`flush` to wait for the write in flight;
+    5. :meth:`close`, once.
+    """
+
+    #: short name for status() and log lines
+    name: ClassVar[str] = "?"
+    #: several ranks' writes of a step carry one run id, agreed before the first write
+    shared_run: ClassVar[bool] = False
+
+    def __init__(self, url: str, as_numpy: bool, config: Any = None) -> None:
+        self.url = url
+        self._stager = Stager.for_config(as_numpy, config)  # skip_unchanged, full_stage_every
+        self._saver = AsyncSaver(self._write, self._done)
+        self.last_error: str | None = None
+        self.last_error_step: int | None = None
+        self.failures = 0
+        self.written = 0
+        self.last_written_step: int | None = None
+        self.last_line: str | None = None
+
+    # ── saving ──────────────────────────────────────────────────────────
+
+    def save(self, plan: SavePlan, outcomes: Outcomes | None = None) -> dict[str, float]:
+        """Stage ``plan``'s tree and queue its write. Returns the blocking phases in seconds.
+
+        ``wait`` is the previous write still running (backpressure); ``stage`` is the
+        copy into reused buffers. Both block the training loop; nothing else does. How
+        the write ends is reported to ``outcomes`` from the writer thread.
+        """
+        wait = self._saver.wait_idle()
+        started = time.perf_counter()
+        staged = self._stager.stage(plan.tree)
+        stage = time.perf_counter() - started
+        stall = {"wait": wait, "stage": stage}
+        job_plan = SavePlan(plan.step, staged, dict(plan.metadata), plan.layout, plan.chunk_bytes)
+        self._saver.submit(Job(job_plan, stall, self._stager.nbytes, outcomes))
+        return stall
+
+    @abstractmethod
+    def _write(self, job: Job) -> dict[str, Any]:
+        """Write ``job`` durably (writer thread). Returns figures for the log line."""
+
+    @abstractmethod
+    def _describe(self, job: Job, result: dict[str, Any]) -> str:
+        """The write half of the log line."""
+
+    def _done(self, job: Job, result: dict[str, Any] | None, error: BaseException | None) -> None:
+        """Writer thread: log the outcome and report it to the job's ``outcomes``."""
+        # the stager's figures are this job's: the next stage waits until this returns
+        stall = stall_text(job.stall["wait"], job.stall["stage"], self._stager.summary())
+        if error is not None:
+            self.failures += 1
+            self.last_error = f"step {job.step}: {type(error).__name__}: {error}"
+            self.last_error_step = job.step
+            logger.error(
+                "ravex: checkpoint of step %d to %s FAILED, training continues and the next "
+                "interval retries: %s: %s",
+                job.step, self.url, type(error).__name__, error,
+            )
+            if job.outcomes is not None:
+                job.outcomes.failed(job.step)
+            return
+        self.written += 1
+        self.last_written_step = job.step
+        self.last_error = None
+        total = time.perf_counter() - job.submitted
+        self.last_line = (
+            f"ravex: checkpoint step {job.step}: {stall} | {self._describe(job, result or {})} | "
+            f"in background {ms(total)} ms -> {self.url}"
+        )
+        logger.info("%s", self.last_line)
+        if job.outcomes is not None:
+            job.outcomes.succeeded(job.step)
+
+    def flush(self) -> None:
+        """Block until every pending checkpoint write has completed (or failed)."""
+        self._saver.flush()
+
+    def close(self) -> None:
+        self._saver.close()
+        self._stager.release()
+
+    @property
+    def busy(self) -> bool:
+        return self._saver.busy
+
+    def set_run(self, run_id: str | None) -> None:  # noqa: B027 - only the format records runs
+        """The run id every rank's manifests carry (several ranks; None: the writer's own)."""
+
+    def discard_incomplete_above(self, floor: int | None) -> list[int]:
+        """Drop the partial writes of steps newer than ``floor`` (a crashed run's); the
+        steps dropped. A backend whose writes are atomic has none."""
+        return []
+
+    # ── reading ─────────────────────────────────────────────────────────
+
+    @abstractmethod
+    def complete_steps(self) -> list[int]:
+        """Steps that can be resumed from, oldest first."""
+
+    @abstractmethod
+    def load_step(self, step: int) -> dict[str, Any] | None:
+        """The state tree written at ``step``; arrays or tensors at the leaves."""
+
+    def read_step(self, step: int, rank: int = 0, world_size: int = 1) -> LoadedStep | None:
+        """``step`` as this rank resumes from it; None if it is gone."""
+        tree = self.load_step(step)
+        return None if tree is None else LoadedStep(tree)
+
+    def latest_step(self) -> int | None:
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    def load_latest(self) -> dict[str, Any] | None:
+        step = self.latest_step()
+        return None if step is None else self.load_step(step)

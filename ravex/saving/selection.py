@@ -1,0 +1,33 @@
+"""Which backend a run writes through: the configured one, or ``torch_save`` when the format
+backend cannot start on local storage."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .backend import CheckpointBackend
+from .torch_save import TorchSaveBackend
+from .zarr import ZarrBackend
+
+logger = logging.getLogger("ravex")
+
+
+def get_backend(config: Any, rank: int = 0, world_size: int = 1) -> CheckpointBackend:
+    """Build the configured backend, falling back to ``torch_save``.
+
+    A format backend that cannot start must not stop a training run; if the storage is
+    local, ``torch_save`` keeps the run protected.
+    """
+    if config.backend == "torch_save":
+        return TorchSaveBackend(config, rank, world_size)
+    try:
+        return ZarrBackend(config, rank, world_size)
+    except Exception as exc:
+        if config.storage.local_path is None:
+            raise
+        logger.warning(
+            "ravex: format backend unavailable (%s: %s); falling back to torch_save in %s",
+            type(exc).__name__, exc, config.storage.local_path,
+        )
+        return TorchSaveBackend(config, rank, world_size)

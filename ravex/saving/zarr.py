@@ -1,0 +1,161 @@
+"""The default backend: checkpoints in the Ravex format (:mod:`ravex.format`).
+
+A write is the commit of the step's manifest (:meth:`ZarrBackend._commit`) followed by the
+steps that need a committed step, each named: ``refs.json`` of the steps every rank has
+completed (several ranks, rank 0), then retention (rank 0: one GC per store).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, ClassVar
+
+from ravex.format import open_store
+from ravex.format.refs import refs_worth_writing, write_refs
+
+from .backend import CheckpointBackend, LoadedStep
+from .load import read_refs
+from .logline import mib, ms
+from .ranks import place
+from .writer_thread import Job
+
+logger = logging.getLogger("ravex")
+
+#: Sections of a multi-rank tree that each rank writes for itself (under ``rank-<r>``).
+PER_RANK = ("rng", "loaders")
+
+
+class ZarrBackend(CheckpointBackend):
+    """Default backend, on :mod:`ravex.format`."""
+
+    name: ClassVar[str] = "zarr"
+    shared_run: ClassVar[bool] = True
+
+    def __init__(self, config: Any, rank: int = 0, world_size: int = 1) -> None:
+        self.store = open_store(
+            config.storage.url, create=True, storage_options=config.storage.storage_options()
+        )
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self._writer: Any = None
+        self._run_id: str | None = None
+        self._refs_pending: list[int] = []
+        super().__init__(self.store.url, as_numpy=True, config=config)
+
+    def set_run(self, run_id: str | None) -> None:
+        # docstring inherited
+        self._run_id = run_id
+
+    def discard_incomplete_above(self, floor: int | None) -> list[int]:
+        # docstring inherited
+        return self.store.discard_incomplete_above(floor)
+
+    # ── writing (writer thread) ─────────────────────────────────────────
+
+    def _make_writer(self) -> Any:
+        kwargs: dict[str, Any] = {
+            "rank": self.rank, "world_size": self.world_size,
+            "compression": self.config.compression, "delta": self.config.delta,
+        }
+        if self._run_id is not None:
+            kwargs["run"] = self._run_id
+        return self.store.writer(**kwargs)
+
+    def _write(self, job: Job) -> dict[str, Any]:
+        result: dict[str, Any] = {"stats": self._commit(job)}
+        if self.world_size > 1 and self.rank == 0:
+            self._write_refs(job.step)
+        if (self.config.keep_last or self.config.keep_every) and self.rank == 0:
+            result["gc"] = self._retain(job.step)
+        return result
+
+    def _commit(self, job: Job) -> Any:
+        """Write the step's chunks and its manifest: after this the step is this rank's."""
+        if self._writer is None:
+            self._writer = self._make_writer()
+        plan = job.plan
+        tree = plan.tree if plan.layout is None else place(plan.tree, plan.layout)
+        extra = {"chunk_bytes": dict(plan.chunk_bytes)} if plan.chunk_bytes else {}
+        try:
+            return self._writer.commit(plan.step, tree, metadata=plan.metadata, **extra)
+        except BaseException:
+            self._drop_writer()  # next interval starts from a fresh writer
+            raise
+
+    def _write_refs(self, step: int) -> None:
+        """Rank 0 writes ``refs.json`` of the multi-rank steps it has seen complete (a step
+        completes when its slowest rank commits: a pending one is retried next time)."""
+        self._refs_pending = [*self._refs_pending[-7:], step]
+        for pending in list(self._refs_pending):
+            try:
+                if self.store.step_info(pending).complete:
+                    if refs_worth_writing(self.store, pending):
+                        write_refs(self.store, pending)
+                    self._refs_pending.remove(pending)
+            except Exception as exc:  # the step is readable without it
+                logger.warning("ravex: refs.json of step %d not written: %s", pending, exc)
+                self._refs_pending.remove(pending)
+
+    def _retain(self, step: int) -> float:
+        """Retention (``keep_last``/``keep_every``): the store's GC; its seconds. A failure
+        is logged, not a failed checkpoint."""
+        started = time.perf_counter()
+        try:
+            self.store.gc(keep_last=self.config.keep_last, keep_every=self.config.keep_every)
+        except Exception as exc:
+            logger.warning("ravex: retention (gc) failed after step %d: %s", step, exc)
+        return time.perf_counter() - started
+
+    def _drop_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    def _describe(self, job: Job, result: dict[str, Any]) -> str:
+        s = result["stats"]
+        sec = dict(s.seconds or {})
+        phases = " ".join(f"{k} {ms(sec[k])}" for k in ("hash", "encode", "write", "manifest") if k in sec)
+        gc = f" gc {ms(result['gc'])}" if "gc" in result else ""
+        return (
+            f"{phases}{gc} ms | {mib(s.new_bytes)} new ({s.new_chunks} chunks), "
+            f"{mib(s.reused_bytes)} reused ({s.reused_chunks} chunks) of {mib(s.logical_bytes)}"
+        )
+
+    def close(self) -> None:
+        super().close()
+        self._drop_writer()
+
+    # ── reading ─────────────────────────────────────────────────────────
+
+    def complete_steps(self) -> list[int]:
+        return sorted(self.store.complete_steps())
+
+    def load_step(self, step: int) -> dict[str, Any] | None:
+        """The step's tree with numpy arrays (rank 0's view of a multi-rank step)."""
+        return self.store.read(step, rank=0)
+
+    def read_step(self, step: int, rank: int = 0, world_size: int = 1) -> LoadedStep | None:
+        """One process and a one-process step: the tree with its tensors as ``ArrayRef``
+        leaves, for the runtime to read straight into the live tensors. Otherwise this rank's
+        view (its own per-rank state read, the rest left for the runtime: :class:`LoadedStep`)."""
+        if world_size == 1 and self.store.step_info(step).world_size == 1:
+            tree = self.store.open_step(step).tree(0)
+            if "distributed" not in tree:
+                return LoadedStep(tree)
+        reader = self.store.open_step(step)
+        saved_world = reader.world_size
+        src = rank if rank < saved_world else 0
+        tree = dict(reader.tree(src))
+        per_rank = tree.pop(f"rank-{src}", None)
+        if per_rank is None:
+            per_rank = {k: tree.pop(k) for k in PER_RANK if k in tree}
+        else:
+            for k in PER_RANK:
+                tree.pop(k, None)
+        tree.update(read_refs(per_rank))  # (one reader: the refs all come from reader.tree)
+        return LoadedStep(tree, reader, saved_world, src)
