@@ -69,8 +69,10 @@ class Pipeline:
         if isinstance(self.compressor, numcodecs.Blosc):
             # blosc reads the element size from the buffer's dtype
             arr = np.frombuffer(raw, dtype=f"u{self.typesize}" if self.typesize in (1, 2, 4, 8) else "u1")
-            return self.compressor.encode(arr)
-        return self.compressor.encode(raw)
+            packed: bytes = self.compressor.encode(arr)
+            return packed
+        encoded: bytes = self.compressor.encode(raw)
+        return encoded
 
     def decode(self, stored: bytes | memoryview, size: int, into: memoryview | None = None) -> bytes | memoryview:
         """Decode into a buffer of exactly ``size`` bytes, the chunk's decoded size from the
@@ -83,7 +85,7 @@ class Pipeline:
             self.compressor.decode(stored, out=out)
         except (ValueError, RuntimeError) as exc:
             raise ValueError(f"chunk does not decode to {size} bytes: {exc}") from None
-        return memoryview(out)
+        return out.data
 
 
 _CACHE: dict[str, Pipeline] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ class DataType:
             scalar: object = getattr(ml_dtypes, self.name)
         else:
             scalar = self.name
-        dtype = np.dtype(scalar).newbyteorder("<")  # type: ignore[call-overload]
+        dtype: np.dtype[Any] = np.dtype(scalar).newbyteorder("<")  # type: ignore[call-overload]
         if dtype.itemsize != self.itemsize:
             raise ManifestError(f"data_type {self.name!r}: numpy gives {dtype.itemsize} bytes per item, "
                                 f"Ravex format 1 says {self.itemsize}; upgrade ml_dtypes")

@@ -65,7 +65,7 @@ def _subtree(reader: StepReader, subtree: Any) -> Any:
     return tree
 
 
-def _walk(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, ArrayRef]]:
+def _walk(tree: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], ArrayRef]]:
     if isinstance(tree, ArrayRef):
         yield path, tree
     elif isinstance(tree, dict):
@@ -131,7 +131,7 @@ def export_safetensors(
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for _name, ref in sorted(names.items()):
-            f.write(memoryview(np.ascontiguousarray(ref.read()).reshape(-1).view(np.uint8)))
+            f.write(np.ascontiguousarray(ref.read()).reshape(-1).view(np.uint8).data)
     return metadata
 
 

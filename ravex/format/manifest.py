@@ -80,15 +80,16 @@ def _chunks_json(chunks: dict[str, ChunkRef]) -> str:
     plain (inline bytes, a field of an unexpected type) is written by ``json.dumps`` itself."""
     out = []
     for key, c in chunks.items():
-        plain = (c.inline is None and type(c.size) is int and type(c.object) is str and type(c.raw) is str
+        obj = c.object
+        plain = (c.inline is None and type(c.size) is int and type(obj) is str and type(c.raw) is str
                  and (c.offset is None or type(c.offset) is int))
-        if not plain:  # inline chunks (base64), and anything unusual: as json writes it
+        if not plain or obj is None:  # inline chunks (base64), and anything unusual: as json writes it
             out.append(f"{_json_str(key)}:{json.dumps(c.to_json(), separators=(',', ':'), allow_nan=False)}")
         elif c.offset is not None:
-            out.append(f'{_json_str(key)}:{{"object":{_json_str(c.object)},"offset":{c.offset},'
+            out.append(f'{_json_str(key)}:{{"object":{_json_str(obj)},"offset":{c.offset},'
                        f'"size":{c.size},"raw":{_json_str(c.raw)}}}')
         else:
-            out.append(f'{_json_str(key)}:{{"object":{_json_str(c.object)},"size":{c.size},"raw":{_json_str(c.raw)}}}')
+            out.append(f'{_json_str(key)}:{{"object":{_json_str(obj)},"size":{c.size},"raw":{_json_str(c.raw)}}}')
     return "{" + ",".join(out) + "}"
 
 
@@ -109,11 +110,13 @@ class ArrayEntry:
 
     @property
     def data_type(self) -> str:
-        return self.zarr["data_type"]
+        name: str = self.zarr["data_type"]
+        return name
 
     @property
     def codecs(self) -> list[dict[str, Any]]:
-        return self.zarr["codecs"]
+        codecs: list[dict[str, Any]] = self.zarr["codecs"]
+        return codecs
 
     def stored_bytes(self) -> int:
         return sum(c.size for c in self.chunks.values())

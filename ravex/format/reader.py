@@ -151,7 +151,7 @@ class StepReader:
         rows: slice | None = None,
     ) -> dict[str, np.ndarray]:
         """Several tensors at once, all their chunks fetched in parallel."""
-        jobs: list[tuple[Any, ...]] = []
+        jobs: list[_Job] = []
         results: dict[str, np.ndarray] = {}
         for path in paths:
             entry = self.arrays.get(path)
@@ -184,7 +184,7 @@ class StepReader:
             results[path] = out
             if out.size == 0:
                 continue
-            dst = memoryview(out.reshape(-1).view(np.uint8))
+            dst = out.reshape(-1).view(np.uint8).data
             pipe = pipeline(entry.codecs, f"step {self.step} tensor {path!r}")  # once per array, not per chunk
             if not shape:
                 jobs.append((path, entry, "c", 0, dt.itemsize, dst, 0, pipe))
@@ -276,7 +276,7 @@ class StepReader:
         except FileNotFoundError:
             return start, None
 
-    def _read_job(self, job: tuple[Any, ...] | _Run, packs: dict[str, tuple[int, bytes | None]] | None) -> None:
+    def _read_job(self, job: _Job, packs: dict[str, tuple[int, bytes | None]] | None) -> None:
         if isinstance(job, _Run):
             self._read_run(job, packs)
         else:
@@ -362,8 +362,9 @@ class StepReader:
         assert ref.object is not None
         key = object_key(ref.object)
         span = packs.get(ref.object) if packs and ref.offset is not None else None
+        data: bytes | memoryview
         try:
-            if span is not None:
+            if span is not None and ref.offset is not None:
                 start, whole = span
                 if whole is None:
                     raise FileNotFoundError(key)
@@ -418,11 +419,17 @@ class _Run:
         return self.end - self.start
 
 
+#: One chunk to read: (path, entry, key, offset, length, dst, full, pipe), :meth:`StepReader._read_chunk`'s
+#: arguments.
+_ChunkJob = tuple[str, ArrayEntry, str, int, int, memoryview, int, Pipeline]
+_Job = _ChunkJob | _Run
+
+
 class _Runs:
     """Gathers an array's chunks into :class:`_Run` jobs, in chunk order, appending each
     finished run to ``jobs``."""
 
-    def __init__(self, path: str, entry: ArrayEntry, dst: memoryview, jobs: list[Any]) -> None:
+    def __init__(self, path: str, entry: ArrayEntry, dst: memoryview, jobs: list[_Job]) -> None:
         self.path, self.entry, self.dst, self.jobs = path, entry, dst, jobs
         self.refs: list[tuple[str, ChunkRef]] = []
         self.object = ""
@@ -449,7 +456,7 @@ class _Runs:
             self.refs = []
 
 
-def _pack_spans(jobs: list[Any]) -> dict[str, tuple[int, int]]:
+def _pack_spans(jobs: list[_Job]) -> dict[str, tuple[int, int]]:
     """For each pack that two or more of ``jobs`` read from: the byte range covering them."""
     spans: dict[str, list[int]] = {}
     for job in jobs:
@@ -486,7 +493,7 @@ def _check_raw(decoded: bytes | memoryview, ref: ChunkRef, where: str) -> None:
         raise CorruptObjectError(f"{where}: {what} does not match its digest (corrupt bytes)")
 
 
-def _keys(subtree: Any) -> tuple:
+def _keys(subtree: Any) -> tuple[Any, ...]:
     if subtree is None:
         return ()
     if isinstance(subtree, (list, tuple)):

@@ -35,13 +35,13 @@ ARRAY_TAG = "$array"
 PLAIN_TYPES = frozenset({type(None), bool, int, float, str, bytes})
 
 
-def all_plain(items: list | tuple) -> bool:
+def all_plain(items: list[Any] | tuple[Any, ...]) -> bool:
     """Whether every item is a plain value: one pass in C, no Python call per item (Python's
     RNG state, 625 ints, is in every runtime checkpoint and is walked at every stage and load)."""
     return set(map(type, items)) <= PLAIN_TYPES
 
 
-def encode_value(value: Any, on_array: Callable[[Any, tuple], str], path: tuple = ()) -> Any:
+def encode_value(value: Any, on_array: Callable[[Any, tuple[Any, ...]], str], path: tuple[Any, ...] = ()) -> Any:
     """Encode ``value`` as typed JSON.
 
     ``on_array(leaf, path)`` is called for each leaf it does not handle itself (arrays);
@@ -72,7 +72,7 @@ def encode_value(value: Any, on_array: Callable[[Any, tuple], str], path: tuple 
     return {ARRAY_TAG: on_array(value, path)}
 
 
-def _encode_key(key: Any, path: tuple) -> Any:
+def _encode_key(key: Any, path: tuple[Any, ...]) -> Any:
     if isinstance(key, (str, int, float, tuple, type(None))):
         return encode_value(key, _no_arrays, path)
     raise UnsupportedValueError(
@@ -81,7 +81,7 @@ def _encode_key(key: Any, path: tuple) -> Any:
     )
 
 
-def _no_arrays(value: Any, path: tuple) -> str:
+def _no_arrays(value: Any, path: tuple[Any, ...]) -> str:
     raise UnsupportedValueError(f"value at {_show(path)} of type {type(value).__name__} cannot be a key")
 
 
@@ -137,5 +137,5 @@ def _bad(tag: str, body: Any, where: str) -> Any:
     raise ManifestError(f"{where}: malformed {tag} value {body!r}")
 
 
-def _show(path: tuple) -> str:
+def _show(path: tuple[Any, ...]) -> str:
     return "/".join(str(p) for p in path) or "<root>"

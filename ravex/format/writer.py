@@ -219,7 +219,7 @@ class StepWriter:
             self._base = self._load_base()
         planned: dict[str, _PlannedArray] = {}
 
-        def on_array(value: Any, path: tuple) -> str:
+        def on_array(value: Any, path: tuple[Any, ...]) -> str:
             name = "/".join(escape_key(str(k)) for k in path) or "%00"
             if name in planned:
                 raise UnsupportedValueError(
@@ -407,7 +407,7 @@ class StepWriter:
             placed[chunk.identity] = (len(packs) - 1, len(packs[-1]))
             packs[-1] += chunk.data
 
-        def write_pack(data: bytearray) -> str:
+        def write_pack(data: bytearray) -> tuple[str, PendingWrite | None]:
             t0 = time.perf_counter()
             name = digest(data)
             t1 = time.perf_counter()
@@ -418,8 +418,9 @@ class StepWriter:
         futures = [self._pool.submit(write_pack, data) for data in packs]
         wait(futures)  # every pack's temp file known to ``pending`` before an error propagates
         for fut in futures:
-            if fut.exception() is None and fut.result()[1] is not None:
-                pending.append(fut.result()[1])
+            handle = fut.result()[1] if fut.exception() is None else None
+            if handle is not None:
+                pending.append(handle)
         names = [fut.result()[0] for fut in futures]
         for path, key, chunk in small:
             index, offset = placed[chunk.identity]
@@ -467,7 +468,7 @@ class StepWriter:
         self, path: str, dtype: DataType, arr: np.ndarray, shape: tuple[int, ...], rows: int, first: int
     ) -> _PlannedArray:
         codecs = codecs_for(self.compression, dtype.itemsize)
-        flat = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        flat = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
         if not shape:
             return _PlannedArray(path, dtype, (), (), codecs, [("c", flat)], dtype.itemsize, arr.nbytes)
         tail = tuple(max(1, d) for d in shape[1:])

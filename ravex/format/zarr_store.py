@@ -134,7 +134,8 @@ class StepStore(Store):
         data = entry.doc if entry.doc is not None else await asyncio.to_thread(self._read, key)
         if data is None:
             return None
-        return prototype.buffer.from_bytes(_byte_range(data, byte_range))
+        buf: Buffer = prototype.buffer.from_bytes(_byte_range(data, byte_range))
+        return buf
 
     def get_sync(
         self, key: str, *, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
@@ -146,7 +147,8 @@ class StepStore(Store):
         data = self._read(key)
         if data is None:
             return None
-        return prototype.buffer.from_bytes(_byte_range(data, byte_range))
+        buf: Buffer = prototype.buffer.from_bytes(_byte_range(data, byte_range))
+        return buf
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]

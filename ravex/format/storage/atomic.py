@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
+from .base import BytesLike
 from .writeback import start_writeback
 
 
@@ -32,7 +33,7 @@ def unlink_quietly(path: str) -> None:
         pass
 
 
-def write_temp(path: str, data: bytes | memoryview, fsync: bool, writeback: bool = False) -> str:
+def write_temp(path: str, data: BytesLike, fsync: bool, writeback: bool = False) -> str:
     """``data`` in a new temp file beside ``path`` (fsync'd, or with ``writeback`` handed to the
     disk without waiting: :func:`~.writeback.start_writeback`); returns the temp file's path.
     No temp file is left if this raises. :func:`replace` finishes the write."""
@@ -64,7 +65,7 @@ def replace(tmp: str, path: str) -> None:
         raise
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
+def atomic_write(path: str | os.PathLike[str], data: BytesLike) -> None:
     """Write ``path`` whole or not at all, durably (the file is fsync'd before the rename)."""
     path = os.fspath(path)
     replace(write_temp(path, data, fsync=True), path)

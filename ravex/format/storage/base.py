@@ -11,6 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
+
+#: What a write takes: any contiguous bytes.
+BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,10 @@ class Storage(ABC):
         return len(data)
 
     @abstractmethod
-    def write(self, key: str, data: bytes | memoryview) -> None:
+    def write(self, key: str, data: BytesLike) -> None:
         """Write an object atomically: a reader sees all of it or none of it."""
 
-    def write_pending(self, key: str, data: bytes | memoryview) -> PendingWrite | None:
+    def write_pending(self, key: str, data: BytesLike) -> PendingWrite | None:
         """Write an object that need be neither visible nor durable until :meth:`publish`.
 
         A commit writes its chunk objects this way and publishes them all before its

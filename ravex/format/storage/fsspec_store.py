@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from ..errors import StorageError
-from .base import ObjectInfo, Storage
+from .base import BytesLike, ObjectInfo, Storage
 from .retry import DEFAULT_RETRY, RetryPolicy, call_with_retries
 
 T = TypeVar("T")
@@ -67,20 +68,22 @@ class FsspecStorage(Storage):
 
     def read(self, key: str) -> bytes:
         path = self._path(key)
-        return self._retry("read", key, lambda: self.fs.cat_file(path, **self._cat_kwargs), absent_ok=True)
+        data: bytes = self._retry("read", key, lambda: self.fs.cat_file(path, **self._cat_kwargs), absent_ok=True)
+        return data
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         path = self._path(key)
-        return self._retry("read", key, lambda: self.fs.cat_file(path, start=start, end=end), absent_ok=True)
+        data: bytes = self._retry("read", key, lambda: self.fs.cat_file(path, start=start, end=end), absent_ok=True)
+        return data
 
-    def write(self, key: str, data: bytes | memoryview) -> None:
+    def write(self, key: str, data: BytesLike) -> None:
         path = self._path(key)
         body = bytes(data)
         self._retry("write", key, lambda: self.fs.pipe_file(path, body))
 
     def exists(self, key: str) -> bool:
         path = self._path(key)
-        return self._retry("exists", key, lambda: self.fs.exists(path))
+        return bool(self._retry("exists", key, lambda: self.fs.exists(path)))
 
     def size(self, key: str) -> int:
         path = self._path(key)
@@ -130,7 +133,7 @@ class FsspecStorage(Storage):
             self._retry("delete", what, lambda: self.fs.rm(paths), absent_ok=True)
         except FileNotFoundError:
             for p, k in zip(paths, keys, strict=True):
-                self._retry("delete", k, lambda p=p: remove_one(p))
+                self._retry("delete", k, functools.partial(remove_one, p))
 
     def delete_if_older(self, key: str, cutoff: float) -> bool:
         """One HEAD for the age, then the DELETE: the short window spec/FORMAT.md (GC, A5) assumes.

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from . import atomic
-from .base import ObjectInfo, PendingWrite, Storage
+from .base import BytesLike, ObjectInfo, PendingWrite, Storage
 from .faults import storage_error
 
 
@@ -70,7 +70,7 @@ class LocalStorage(Storage):
                 total += 1 + len(f.read())  # larger than the caller expected
             return total
 
-    def write(self, key: str, data: bytes | memoryview) -> None:
+    def write(self, key: str, data: BytesLike) -> None:
         path = self._folder_made(key)
         try:
             atomic.atomic_write(path, data)
@@ -79,7 +79,7 @@ class LocalStorage(Storage):
         with self._lock:
             self._dirty.add(os.path.dirname(path))
 
-    def write_pending(self, key: str, data: bytes | memoryview) -> PendingWrite:
+    def write_pending(self, key: str, data: BytesLike) -> PendingWrite:
         path = self._folder_made(key)
         try:
             tmp = atomic.write_temp(path, data, fsync=False, writeback=self.START_WRITEBACK)

@@ -47,8 +47,9 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to sleep after failed attempt number ``attempt`` (1-based)."""
-        d = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
-        return d / 2 + (rng or random).uniform(0, d / 2)
+        d: float = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+        jitter = rng.uniform(0, d / 2) if rng is not None else random.uniform(0, d / 2)
+        return d / 2 + jitter
 
 
 DEFAULT_RETRY = RetryPolicy()
