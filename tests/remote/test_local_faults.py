@@ -21,12 +21,11 @@ import numpy as np
 import pytest
 from rhelpers import assert_same, objects_all_whole
 
+import ravex
 from ravex.format import open_store
 from ravex.format.errors import RavexError, StorageError
 from ravex.format.storage import LocalStorage
 from ravex.format.validate import validate
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _tree(step: int, mib: float) -> dict:
@@ -130,6 +129,9 @@ print(json.dumps(out))
 
 
 def test_permission_denied_as_unprivileged_user():
+    """The writer runs as nobody (uid 65534) on a store only root may write. The child imports
+    a copy of the ravex package made in the world-readable temp folder, so the test does not
+    depend on where the checkout sits (a clone under a 0700 folder is unreadable to nobody)."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv(1) to run the writer as an unprivileged user")
@@ -140,6 +142,8 @@ def test_permission_denied_as_unprivileged_user():
         store = open_store(url, create=True)
         with store.writer() as w:
             w.commit(1, _tree(1, 0.2))
+        lib = base / "lib"
+        shutil.copytree(Path(ravex.__file__).parent, lib / "ravex", ignore=shutil.ignore_patterns("__pycache__"))
         for d, dirs, files in os.walk(base):  # readable by all, writable by root only
             for name in dirs:
                 os.chmod(os.path.join(d, name), 0o755)
@@ -147,8 +151,9 @@ def test_permission_denied_as_unprivileged_user():
                 os.chmod(os.path.join(d, name), 0o644)
         r = subprocess.run(
             [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _AS_NOBODY, url,
-             str(REPO)],
-            capture_output=True, text=True, timeout=120, env={"PATH": os.environ.get("PATH", ""), "HOME": "/"},
+             str(lib)],
+            capture_output=True, text=True, timeout=120, cwd=base,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": "/", "PYTHONDONTWRITEBYTECODE": "1"},
         )
         if r.returncode != 0 and "Operation not permitted" in r.stderr:
             pytest.skip(f"setpriv cannot drop privileges here: {r.stderr.strip()[-200:]}")
