@@ -1,4 +1,4 @@
-"""The performance budget (DESIGN.md, issue 8) against a run's figures: tables and a PNG plot."""
+"""The performance budget (the targets in benchmarks/RESULTS.md) against a run's figures: tables and a PNG plot."""
 
 from __future__ import annotations
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The one place the version is written. ``pyproject.toml`` reads it from here, and
-#: ``ravex status`` reports this one.
-__version__ = "0.1.0"
+from ravex.version import __version__
 
 __all__ = [
     "__version__",

@@ -33,15 +33,20 @@ from .registry import Registry
 SPARSE_CHUNK_BYTES = 2 << 10
 
 
+def _sparse_table(module: Any) -> bool:
+    return isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and bool(getattr(module, "sparse", False))
+
+
 def sparse_paths(registry: Registry) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]:
     """Tree paths (as :func:`ravex.runtime.plan.collect` lays the tree out) of sparsely
     updated tensors, each with the shape it must have."""
-    sparse_types = (torch.nn.Embedding, torch.nn.EmbeddingBag)
     out: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
+    if not registry.any_module(_sparse_table):  # the common case, at the cost of one isinstance a module
+        return out
     params: dict[int, tuple[int, ...]] = {}
     for i, model in enumerate(registry.models()):
         for prefix, module in model.named_modules():
-            if not (isinstance(module, sparse_types) and getattr(module, "sparse", False)):
+            if not _sparse_table(module):
                 continue
             for pname, p in module.named_parameters(recurse=False):
                 key = f"{prefix}.{pname}" if prefix else pname

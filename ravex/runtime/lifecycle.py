@@ -29,6 +29,7 @@ from typing import Any
 from ravex.errors import RestoreError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
+from ravex.version import __version__
 
 from . import patches, restore, rng
 from .breaker import CircuitBreaker
@@ -521,7 +522,7 @@ class RavexRuntime:
             if not self._prepared_writes:
                 self._prepare_writes(backend)
                 self._prepared_writes = True
-            self.last_stall = backend.save(self._plan(st, reason), breaker)
+            self.last_stall = backend.save(self._plan(backend, st, reason), breaker)
         except RestoreError:
             raise
         except Exception as exc:
@@ -539,19 +540,21 @@ class RavexRuntime:
         several ranks that is part of their agreement (run without a resume, ``resume:
         never``, it runs here)."""
         if self.world_size > 1:
-            if backend.shared_run and not self._run_agreed:
+            if backend.multi_rank_steps and not self._run_agreed:
                 self._agree_on_steps(backend, [])
             return
         latest = backend.latest_step()
         backend.discard_incomplete_above(max(s for s in (self.resumed_from, latest, -1) if s is not None))
 
-    def _plan(self, st: LoaderState | None, reason: str) -> SavePlan:
+    def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
         """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`: the
         tree, this rank's layout, and the chunk size of each sparsely updated table."""
-        tree, rank_layout = layout.lay_out(collect(self.registry, self.step, st), self.rank,
-                                           self.world_size)
+        tree = collect(self.registry, self.step, st)
+        rank_layout = None
+        if backend.multi_rank_steps:  # ranks, shards: who writes what
+            tree, rank_layout = layout.lay_out(tree, self.rank, self.world_size)
         self._keep_alive()
-        metadata = {"reason": reason, "time": time.time(), "pid": self.pid, "ravex": _version()}
+        metadata = {"reason": reason, "time": time.time(), "pid": self.pid, "ravex": __version__}
         chunk_bytes = chunk_bytes_for(self.registry, tree) if rank_layout is None else {}
         return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes)
 
@@ -663,12 +666,6 @@ class RavexRuntime:
             "breaker": self.breaker.status(),
             "config": self.config.describe(),
         }
-
-
-def _version() -> str:
-    from ravex import __version__
-
-    return __version__
 
 
 def _setup_logging(level: str) -> None:

@@ -56,6 +56,14 @@ class Registry:
             return
         table[key] = (next(self._seq), weakref.ref(obj, _forgetter(table, key)))
 
+    def any_module(self, predicate: Callable[[Any], bool]) -> bool:
+        """Whether any live module, root or not, satisfies ``predicate`` (no tree walk)."""
+        for _, ref in list(self._modules.values()):
+            module = ref()
+            if module is not None and predicate(module):
+                return True
+        return False
+
     def live(self, kind: str) -> list[Any]:
         """Live objects of ``kind`` in creation order."""
         if kind == "models":

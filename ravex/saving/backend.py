@@ -62,8 +62,10 @@ class CheckpointBackend(ABC):
 
     #: short name for status() and log lines
     name: ClassVar[str] = "?"
-    #: several ranks' writes of a step carry one run id, agreed before the first write
-    shared_run: ClassVar[bool] = False
+    #: several ranks write one step together: each its part of a rank layout
+    #: (:class:`~ravex.saving.plan.RankLayout`), under one run id agreed before the first
+    #: write. Without it each rank writes whole trees of its own.
+    multi_rank_steps: ClassVar[bool] = False
 
     def __init__(self, url: str, as_numpy: bool, config: Any = None) -> None:
         self.url = url

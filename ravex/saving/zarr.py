@@ -30,7 +30,7 @@ class ZarrBackend(CheckpointBackend):
     """Default backend, on :mod:`ravex.format`."""
 
     name: ClassVar[str] = "zarr"
-    shared_run: ClassVar[bool] = True
+    multi_rank_steps: ClassVar[bool] = True
 
     def __init__(self, config: Any, rank: int = 0, world_size: int = 1) -> None:
         self.store = open_store(

@@ -34,29 +34,26 @@ def initialized() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _env_int(name: str) -> int | None:
+def _torchrun() -> tuple[int, int]:
+    """``(rank, world size)`` from torchrun's ``RANK``/``WORLD_SIZE``; ``(0, 1)`` unless
+    both are set, consistent, and name several ranks."""
     try:
-        return int(os.environ[name])
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError):
-        return None
+        return 0, 1
+    return (rank, world) if world > 1 and 0 <= rank < world else (0, 1)
 
 
 def get_rank() -> int:
     """This process's rank: torch.distributed's, torchrun's ``RANK`` before that, else 0."""
     dist = initialized()
-    if dist is not None:
-        return dist.get_rank()
-    world, rank = _env_int("WORLD_SIZE"), _env_int("RANK")
-    return rank if world and world > 1 and rank is not None and 0 <= rank < world else 0
+    return dist.get_rank() if dist is not None else _torchrun()[0]
 
 
 def get_world_size() -> int:
     """The number of ranks: torch.distributed's, torchrun's ``WORLD_SIZE`` before that, else 1."""
     dist = initialized()
-    if dist is not None:
-        return dist.get_world_size()
-    world, rank = _env_int("WORLD_SIZE"), _env_int("RANK")
-    return world if world and world > 1 and rank is not None and 0 <= rank < world else 1
+    return dist.get_world_size() if dist is not None else _torchrun()[1]
 
 
 # ── collectives (training thread only) ───────────────────────────────────
