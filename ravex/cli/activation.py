@@ -21,10 +21,11 @@ from .common import EXIT_OK, Verb
 
 def _site_dir(args: argparse.Namespace) -> str:
     if getattr(args, "site_dir", None):
-        return os.path.abspath(args.site_dir)
+        return os.path.abspath(str(args.site_dir))
     if getattr(args, "user", False):
         return site.getusersitepackages()
-    return sysconfig.get_paths()["purelib"]
+    purelib: str = sysconfig.get_paths()["purelib"]
+    return purelib
 
 
 def _add_site_options(parser: argparse.ArgumentParser) -> None:

@@ -54,7 +54,9 @@ class Verb:
 # ---- naming a store and a step ------------------------------------------------------------
 
 
-def default_store(cwd: str | None = None, env: dict[str, str] | None = None) -> tuple[str, dict | None]:
+def default_store(
+    cwd: str | None = None, env: dict[str, str] | None = None
+) -> tuple[str, dict[str, Any] | None]:
     """The store a verb uses when none is named, and its fsspec ``storage_options``.
 
     Read by the runtime's own configuration reader (:meth:`ravex.runtime.config.RavexConfig.load`), so

@@ -97,7 +97,8 @@ def read_manifest_header(store: CheckpointStore, step: int, rank: int) -> dict[s
         doc = {k: v for k, v in doc.items() if k not in ("tree", "arrays")}
     if not _header_ok(doc) or doc["step"] != step or doc["rank"] != rank:
         raise ManifestError(f"step {step} rank {rank}: not a Ravex manifest for this step and rank")
-    return doc
+    header: dict[str, Any] = doc
+    return header
 
 
 def _header_ok(doc: Any) -> bool:
@@ -245,9 +246,9 @@ class _Moments:
 
 
 def _as_float(a: np.ndarray) -> np.ndarray:
-    if a.dtype.kind == "c":
-        return np.abs(a).astype(np.float64)
-    return np.asarray(a).astype(np.float64)
+    """``a`` in float64 (complex numbers by their magnitude)."""
+    wide: np.ndarray = np.abs(a) if a.dtype.kind == "c" else np.asarray(a)
+    return wide.astype(np.float64)
 
 
 def tensor_stats(array: np.ndarray, bins: int = 20) -> TensorStats:

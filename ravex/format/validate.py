@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .codecs import pipeline
 from .dtypes import data_type
@@ -58,7 +58,7 @@ class Finding:
     def severity(self) -> str:
         return "error" if self.kind in ERROR_KINDS else "warning"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if v is not None}
         d["severity"] = self.severity
         return d
@@ -79,7 +79,7 @@ class ValidationReport:
     def kinds(self) -> set[str]:
         return {f.kind for f in self.findings}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "url": self.url,
             "ok": self.ok,
@@ -134,7 +134,7 @@ def validate(
     url_or_store: object,
     full: bool = False,
     steps: list[int] | None = None,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> ValidationReport:
     """Check a store. ``full=True`` also reads every object and verifies its hash.

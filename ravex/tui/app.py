@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -62,6 +62,8 @@ STEPS_BATCH = 16
 TABLE_BATCH = 200
 #: Progress reports while a diff measures its changed tensors, at most.
 PROGRESS_STEPS = 100
+#: One row of the diff table: its cells and its row key.
+TableRow = tuple[tuple[Text, ...], str]
 #: Manifests a validation keeps parsed: the ranks of the step being checked.
 VALIDATE_CACHE = 16
 
@@ -85,7 +87,7 @@ class InspectorApp(App[None]):
 
     mode: reactive[str] = reactive("details")
 
-    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.url = url
         self.storage_options = storage_options
@@ -433,7 +435,7 @@ class InspectorApp(App[None]):
 
     # (called through call_from_thread, whose type variable mypy cannot solve for a coroutine function)
     async def _diff_rows(
-        self, generation: int, rows: list[TensorDiff], values: list[ValueDiff], cells: list[tuple[tuple, str]]
+        self, generation: int, rows: list[TensorDiff], values: list[ValueDiff], cells: list[TableRow]
     ) -> None:
         """Changed tensors (most changed first), then changed values (lr, step ...): ``cells``, made
         by the worker. The table measures every cell of the rows added since it was last idle, so
@@ -598,7 +600,7 @@ class InspectorApp(App[None]):
         steps.highlight(step)
 
 
-def _table_rows(rows: list[TensorDiff], values: list[ValueDiff]) -> list[tuple[tuple, str]]:
+def _table_rows(rows: list[TensorDiff], values: list[ValueDiff]) -> list[TableRow]:
     """The diff table's cells and row keys (built in the worker: thousands of Rich Texts)."""
     return [(diff_cells(td), str(i)) for i, td in enumerate(rows)] + [
         (value_cells(vd), f"v{i}") for i, vd in enumerate(values)

@@ -65,7 +65,7 @@ def step_leaves(reader: StepReader) -> list[Leaf]:
     return sorted(leaves, key=lambda leaf: natural_key(leaf.name))
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple[int | str, ...]:
     """Sort ``layers.2`` before ``layers.10``."""
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 

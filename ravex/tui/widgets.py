@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.cells import cell_len
 from rich.text import Span, Text
@@ -32,7 +32,7 @@ class StepsPane(Vertical):
             self.summary = summary
             super().__init__()
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.summaries: list[StepSummary] = []
 
@@ -114,7 +114,7 @@ class TensorTree(Tree[object]):
 
     _batch = 0  # inside _populate: invalidate once at the end, not per node (Tree's __init__ invalidates)
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__("state", **kwargs)
         self.show_root = False
         self.guide_depth = 2
@@ -253,7 +253,7 @@ class DiffPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="diff-title")
-        table: DataTable = DataTable(id="diff-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Text] = DataTable(id="diff-table", cursor_type="row", zebra_stripes=True)
         table.add_columns("tensor", "Δ rel", "chunks", "max|a-b|", "cosine", "status")
         yield table
         with Horizontal(id="diff-sides"):
@@ -270,7 +270,7 @@ class ValidatePane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="validate-title")
         yield ProgressBar(id="validate-progress", show_eta=False)
-        table: DataTable = DataTable(id="validate-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Text] = DataTable(id="validate-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(" ", "step", "tensor", "chunk", "kind")
         yield table
         yield Static("", id="validate-message")
