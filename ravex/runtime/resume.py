@@ -1,0 +1,210 @@
+"""Resuming a rerun: the step to resume from, read once, restored into the live objects
+before training touches them, and each DataLoader put back where it was.
+
+A DataLoader resumes where it was: epochs already finished pass through empty (the outer
+``for epoch`` loop runs on), and the interrupted epoch replays the RNG state it started
+with, so the shuffle order and worker seeds are the same, then skips the consumed batches
+at the sampler. Several ranks first agree on a step every one of them holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ravex.saving.backend import CheckpointBackend
+
+from . import patches, restore, rng
+from .config import RavexConfig
+from .distributed import collectives, layout
+from .registry import LoaderState, Registry
+
+logger = logging.getLogger("ravex")
+
+
+class _Empty:
+    """The iterator of an epoch that already finished before the resume."""
+
+    def __iter__(self) -> _Empty:
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration
+
+    def __len__(self) -> int:
+        return 0
+
+
+class Resume:
+    """The runtime's resume half: what it restores, and the state it shares with the rest."""
+
+    def __init__(self, config: RavexConfig) -> None:
+        self.config = config
+        self.registry = Registry()
+        self.enabled = False
+        self.step = 0
+        self.rank = collectives.get_rank()
+        self.world_size = collectives.get_world_size()
+        self.backend: CheckpointBackend | None = None
+        self.last_checkpoint_step: int | None = None
+        self.resumed_from: int | None = None
+        self._triggers: list[Any] = []  # the hooks that restore before the first forward/step
+        self._run_agreed = False  # several ranks: run id and resume steps agreed
+        self._candidates: list[int] = []
+        self._resume_tree: dict[str, Any] | None = None
+        self._resume_loaders: list[dict[str, Any]] | None = None
+        self._resume_loaded = False
+        self._load_seconds = 0.0
+        self._restored = True
+
+    def _plan_resume(self) -> None:
+        resume = self.config.resume
+        if resume == "never" or self.backend is None:
+            return
+        steps = self.backend.complete_steps()
+        if resume == "auto":
+            self._candidates = sorted(steps, reverse=True)
+        else:
+            if resume not in steps:
+                from ravex.format.errors import StepNotFoundError
+
+                raise StepNotFoundError(
+                    f"resume: {resume} but {self.backend.url!r} has no complete step {resume}; "
+                    f"it has {steps[-5:]}{' (newest five)' if len(steps) > 5 else ''}"
+                )
+            self._candidates = [resume]
+        if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
+            self._restored = False
+            self._triggers = patches.install_restore_triggers(self)
+
+    def _load_resume(self) -> dict[str, Any] | None:
+        """Read the newest readable candidate step; corrupt ones fall back with a warning."""
+        if self._resume_loaded:
+            return self._resume_tree
+        self._resume_loaded = True
+        backend = self.backend
+        assert backend is not None  # a resume is planned only with a backend open
+        candidates = self._candidates
+        if self.world_size > 1:  # one collective: the steps every rank holds, and the run id
+            candidates = self._agree_on_steps(backend, candidates)
+        for i, step in enumerate(candidates):
+            started = time.perf_counter()
+            try:
+                loaded = backend.read_step(step, self.rank, self.world_size)
+                if loaded is None:
+                    raise FileNotFoundError(f"step {step} vanished")
+                if loaded.reader is not None:  # several ranks or shards: read what is ours
+                    tree = layout.resolve(self.registry, loaded, self.rank, self.world_size)
+                else:  # model/optimizer tensors go straight into the live ones at restore
+                    tree = restore.read_small(loaded.tree)
+                failed: Exception | None = None
+            except Exception as exc:
+                failed = exc
+            if self.world_size > 1 and not collectives.all_ok(failed is None) and failed is None:
+                failed = RuntimeError("another rank could not read it")
+            if failed is not None:
+                nxt = candidates[i + 1] if i + 1 < len(candidates) else None
+                logger.warning("ravex: checkpoint step %d in %s is unreadable (%s: %s); %s",
+                               step, backend.url, type(failed).__name__, failed,
+                               f"falling back to step {nxt}" if nxt is not None
+                               else "no older step left, starting fresh")
+                continue
+            self.resumed_from = step
+            self._resume_tree = tree
+            self._resume_loaders = list(tree.get("loaders", []))
+            self._load_seconds = time.perf_counter() - started
+            return tree
+        return None
+
+    def _agree_on_steps(self, backend: CheckpointBackend, candidates: list[int]) -> list[int]:
+        """Several ranks, before anyone writes: rank 0 drops a crashed run's partial steps
+        (newer than its newest complete one), then the ranks agree on the resume candidates
+        and the run id their manifests share."""
+        if self.rank == 0:
+            try:
+                dropped = backend.discard_incomplete_above(backend.latest_step())
+            except Exception as exc:  # a stale partial step costs space, not correctness
+                logger.warning("ravex: could not drop incomplete steps in %s: %s", backend.url, exc)
+            else:
+                if dropped:
+                    logger.info("ravex: dropped incomplete steps %s (a crashed run's partial writes)",
+                                dropped)
+        agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size)
+        backend.set_run(run_id)
+        self._run_agreed = True
+        return agreed
+
+    def ensure_restored(self) -> None:
+        """Restore the checkpoint into the live objects, once, before training touches them."""
+        if self._restored:
+            return
+        self._restored = True
+        for handle in self._triggers:
+            handle.remove()
+        self._triggers.clear()
+        tree = self._load_resume()
+        if tree is None:
+            return
+        started = time.perf_counter()
+        assert self.backend is not None
+        where = f"checkpoint step {self.resumed_from} in {self.backend.url!r}"
+        restore.restore(self.registry, tree, where)
+        self.step = int(tree["ravex"]["step"])
+        self.last_checkpoint_step = self.step
+        self._resume_tree = None  # the tensors now live in the model; drop the copy
+        logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
+                    self.step, self.backend.url, self._load_seconds * 1000,
+                    (time.perf_counter() - started) * 1000)
+
+    def _loader_entry(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
+        if st.resume_checked or (self._restored and self._resume_loaders is None):
+            return None
+        st.resume_checked = True
+        self._load_resume()
+        if not self._resume_loaders:
+            return None
+        index = next(i for i, obj in enumerate(self.registry.live("loaders")) if obj is loader)
+        if index >= len(self._resume_loaders):
+            return None
+        entry = self._resume_loaders[index]
+        assert self.backend is not None  # a checkpoint was read through it
+        restore.check_loader(f"checkpoint step {self.resumed_from} in {self.backend.url!r}",
+                            index, loader, entry)
+        return entry
+
+    def loader_iter(self, loader: Any, original: Any) -> Any:
+        """``DataLoader.__iter__``: count the epoch; on resume, skip or replay it."""
+        st = self.registry.loader_state(loader)
+        if not self.enabled:
+            return original(loader)
+        epoch = st.epoch + 1
+        entry = self._loader_entry(loader, st)
+        if entry is not None and epoch <= entry["epoch"]:
+            if epoch < entry["epoch"]:  # finished before the kill: pass through empty
+                st.resume_checked = False  # look again at the next epoch
+                st.epoch, st.yielded, st.exhausted = epoch, 0, True
+                return _Empty()
+            st.epoch, st.yielded, st.epoch_rng = epoch, int(entry["yielded"]), entry["epoch_rng"]
+            length = entry.get("length")
+            if entry["exhausted"] or (length is not None and st.yielded >= length):
+                st.exhausted = True
+                self.ensure_restored()
+                return _Empty()
+            # Replay the epoch's start: same worker seeds, same shuffle order.
+            was_restored = self._restored
+            current = rng.capture_epoch_rng(loader) if was_restored else None
+            rng.restore_epoch_rng(loader, entry["epoch_rng"])
+            st.exhausted = False
+            st.pending_skip = st.yielded
+            iterator = original(loader)
+            if current is not None:
+                rng.restore_epoch_rng(loader, current)
+            else:
+                self.ensure_restored()  # sets every RNG to the checkpoint's
+            return iterator
+        st.epoch, st.yielded, st.exhausted = epoch, 0, False
+        st.epoch_rng = rng.capture_epoch_rng(loader)
+        st.pending_skip = 0
+        return original(loader)
+
