@@ -8,7 +8,7 @@ to the calling thread and to :data:`HELPERS` helper threads. The caller works th
 queue itself, so a helper that the machine does not schedule costs nothing but the one
 piece it took (~1.5 ms); this is why the copy is not ``Tensor.copy_``'s intra-op split,
 which hands each thread a fixed share and then waits for the slowest (3.7x a bare copy on a
-busy machine, see ``_saver._copy_cpu``). ``np.copyto`` releases the GIL while it copies.
+busy machine, see ``ravex.saving.stager``). ``np.copyto`` releases the GIL while it copies.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from torch import nn
 import ravex
 from ravex.errors import RestoreError
 from ravex.format import open_store
-from ravex.runtime import scan as _scan
+from ravex.runtime import scan
 from ravex.runtime.registry import Registry
 
 pytestmark = pytest.mark.usefixtures("ravex_clean")
@@ -180,12 +180,12 @@ def _ids(registry: Registry) -> dict[str, list[int]]:
 def test_scan_proves_locals_live_without_a_collect():
     model, opt = _objects()
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
-    assert _scan._all_reachable({id(model), id(model[0]), id(opt), id(sched)})
+    assert scan._all_reachable({id(model), id(model[0]), id(opt), id(sched)})
     dropped = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
     torch.optim.lr_scheduler.StepLR(dropped, 1)  # scheduler <-> optimizer: cyclic garbage
     dropped_id = id(dropped)
     del dropped
-    assert not _scan._all_reachable({id(opt), dropped_id}), "garbage cannot be proven live"
+    assert not scan._all_reachable({id(opt), dropped_id}), "garbage cannot be proven live"
     gc.collect()
 
 
@@ -196,7 +196,7 @@ def test_scan_collects_when_a_find_may_be_garbage_and_leaves_the_garbage_out():
     dropped_id = id(dropped)
     del dropped
     registry = Registry()
-    _scan.scan(registry)
+    scan.scan(registry)
     found = _ids(registry)
     assert found["optimizers"] == [id(opt)] and dropped_id not in found["optimizers"]
     assert found["schedulers"] == []
