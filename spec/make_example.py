@@ -34,8 +34,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from ravex.format import ArrayShard, open_store  # noqa: E402
-from ravex.format import store as store_mod  # noqa: E402
+from ravex.format import ArrayShard, clock, open_store  # noqa: E402
 from ravex.format import writer as writer_mod  # noqa: E402
 from ravex.format.manifest import Manifest  # noqa: E402
 from ravex.format.names import manifest_key  # noqa: E402
@@ -74,7 +73,7 @@ def small_limits():
     """Shrink the writer's inline/pack limits so that a few-KB store has every kind of chunk."""
     with mock.patch.object(writer_mod, "INLINE_MAX_BYTES", 64), mock.patch.object(
         writer_mod, "PACK_MAX_CHUNK_BYTES", 600
-    ), mock.patch.object(store_mod, "now_iso", lambda: CREATED_AT):
+    ), mock.patch.object(clock, "now_iso", lambda: CREATED_AT):
         yield
 
 

@@ -3,7 +3,9 @@
 ::
 
     zarr.json                 root group; attributes["ravex"] holds the step, the typed
-                              state tree and the metadata (spec/FORMAT.md, "Zarr view")
+                              state tree and the metadata (spec/FORMAT.md, "Zarr view");
+                              with consolidated_metadata (refs.json, StepStore), the
+                              groups and arrays below
     model/zarr.json           a group for every prefix of an array path
     model/w/zarr.json         the array's exact ``zarr.json`` from the manifest
     model/w/c/0/0             the chunk's encoded bytes: an object, a byte range of a
@@ -11,7 +13,7 @@
 
 ``zarr_store.StepStore`` serves it to zarr-python, ``refs.py`` renders it as fsspec
 references and ``export.py`` as a plain directory. This module imports neither zarr-python
-nor ``ml_dtypes``: a commit that writes ``refs.json`` needs neither (importing both took
+nor ``ml_dtypes``: a commit that writes ``refs.json`` needs neither (importing both costs
 ~0.9 s on the writer thread at a run's first checkpoint).
 """
 
@@ -20,11 +22,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._version import SPEC_VERSION
 from .codecs import pipeline
-from .dtypes import data_type
+from .dtypes import BY_NAME, data_type
 from .errors import CorruptObjectError
 from .hashing import digest
 from .manifest import ArrayEntry, ChunkRef
@@ -35,6 +37,15 @@ if TYPE_CHECKING:
     from .reader import StepReader
 
 GROUP_DOC = {"zarr_format": 3, "node_type": "group", "attributes": {}}
+
+
+def _consolidated(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Zarr v3 inline consolidated metadata: ``metadata`` maps paths below the group to documents."""
+    return {"kind": "inline", "must_understand": False, "metadata": metadata}
+
+
+#: A group's entry in the root's consolidated metadata, as zarr-python writes it.
+_CONSOLIDATED_GROUP = {**GROUP_DOC, "consolidated_metadata": _consolidated({})}
 
 
 # ---- the key view of a step ----------------------------------------------------------------
@@ -76,17 +87,39 @@ def _doc(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
-def step_keys(reader: StepReader) -> dict[str, KeyEntry]:
-    """Every Zarr key of a step (all ranks merged), sorted."""
-    keys: dict[str, KeyEntry] = {"zarr.json": KeyEntry(doc=_doc({**GROUP_DOC, "attributes": root_attributes(reader)}))}
+def step_keys(reader: StepReader, consolidate: Literal["core", "all"] | None = None) -> dict[str, KeyEntry]:
+    """Every Zarr key of a step (all ranks merged), sorted.
+
+    ``consolidate`` adds Zarr v3 consolidated metadata to the root's ``zarr.json``
+    (zarr-python reads it by default): every group, and every array of a core Zarr data type
+    (``"core"``) or every array (``"all"``). A tool that discovers arrays
+    (``group.members(max_depth=None)``, ``tree()``) then finds them without listing keys,
+    which zarr-python cannot do through fsspec's reference file system (``refs.json``).
+    zarr-python parses every entry when it opens the root, and stock zarr-python has no
+    bfloat16 or float8 type: listing such an array would make the whole step unopenable, so
+    ``"all"`` is for a reader that knows those types (:class:`~ravex.format.zarr_store.StepStore`
+    teaches them). An array left out still opens by path with ``use_consolidated=False``.
+    A plain directory (``export_zarr``) lists itself and needs none (spec/FORMAT.md, 18.1).
+    """
+    keys: dict[str, KeyEntry] = {}
+    consolidated: dict[str, Any] = {}
     group = _doc(GROUP_DOC)
     for path, entry in reader.arrays.items():
         parts = path.split("/")
         for i in range(1, len(parts)):
-            keys.setdefault("/".join(parts[:i]) + "/zarr.json", KeyEntry(doc=group))
+            prefix = "/".join(parts[:i])
+            keys.setdefault(f"{prefix}/zarr.json", KeyEntry(doc=group))
+            consolidated.setdefault(prefix, _CONSOLIDATED_GROUP)
         keys[f"{path}/zarr.json"] = KeyEntry(doc=_doc(entry.zarr))
+        known = BY_NAME.get(entry.data_type)
+        if known is not None and (consolidate == "all" or not known.extension):
+            consolidated[path] = entry.zarr
         for key, ref in entry.chunks.items():
             keys[f"{path}/{key}"] = KeyEntry(array=path, ref=ref)
+    root: dict[str, Any] = {**GROUP_DOC, "attributes": root_attributes(reader)}
+    if consolidate is not None:
+        root["consolidated_metadata"] = _consolidated(dict(sorted(consolidated.items())))
+    keys["zarr.json"] = KeyEntry(doc=_doc(root))
     return dict(sorted(keys.items()))
 
 

@@ -66,7 +66,7 @@ def step_refs(store: StoreCatalog, step: int | str, root: str = ".") -> dict[str
     """
     reader = StepReader(store, store.resolve_step(step))
     refs: dict[str, Any] = {}
-    for key, entry in step_keys(reader).items():
+    for key, entry in step_keys(reader, consolidate="core").items():
         if entry.doc is not None:
             refs[key] = entry.doc.decode()
             continue

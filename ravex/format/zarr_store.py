@@ -106,7 +106,7 @@ class StepStore(Store):
     def _keys(self) -> dict[str, KeyEntry]:
         if self._keys_cache is None:
             self._reader = self._ckpt.open_step(self.step)
-            self._keys_cache = step_keys(self._reader)
+            self._keys_cache = step_keys(self._reader, consolidate="all")
         return self._keys_cache
 
     # reading

@@ -1,5 +1,6 @@
 """steps/<step>/refs.json: fsspec + zarr alone open a step, in a process that cannot import
-Ravex or torch, with the store as the working directory and from elsewhere."""
+Ravex or torch, with the store as the working directory and from elsewhere, and walk it:
+the root's consolidated metadata lists every group and every array of a core data type."""
 
 from __future__ import annotations
 
@@ -54,7 +55,12 @@ def _run_without_ravex(zoo, root: str, cwd, out_dir) -> None:
             "import numpy as np",
             FSSPEC_LINES,
             'assert group.attrs["ravex"]["step"] == step',
+            "walked = {k: v for k, v in group.members(max_depth=None) if isinstance(v, zarr.Array)}",
+            f"assert sorted(walked) == {plain!r}, sorted(walked)",
+            "shown = str(group.tree())",
             f"for path in {plain!r}:",
+            '    assert path.rsplit("/", 1)[-1] in shown, (path, shown)',
+            '    assert walked[path][...].tobytes() == group[path][...].tobytes(), path',
             '    np.save(out + "/" + path.replace("/", "__") + ".npy", group[path][...])',
             f"for path in {extension!r}:",
             loop,
@@ -154,3 +160,18 @@ def test_small_chunk_steps_get_refs_only_on_demand(tmp_path):
         "fo": str(out), "template_overrides": {"u": str(root)}})
     assert same(group["table"][...], big)
     assert main(["export", f"{root}@3", "--format", "refs", str(out)]) == 2  # never overwrites
+
+
+def test_step_store_walks_every_array(zoo):
+    """Through StepStore (which teaches zarr-python bfloat16 and float8) the root's consolidated
+    metadata lists every array, extension types included, and each reads bit-exactly from the walk."""
+    import zarr
+
+    from ravex.format.zarr_store import StepStore
+
+    group = zarr.open_group(store=StepStore(zoo.root, zoo.step), mode="r")
+    walked = {k: v for k, v in group.members(max_depth=None) if isinstance(v, zarr.Array)}
+    assert sorted(walked) == sorted(zoo.arrays)
+    for path, expected in zoo.arrays.items():
+        assert same(walked[path][...], expected), path
+
