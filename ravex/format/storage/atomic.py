@@ -33,6 +33,15 @@ def unlink_quietly(path: str) -> None:
         pass
 
 
+def fsync_path(path: str) -> None:
+    """fsync a file or a folder by path (a folder's fsync makes the names in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_temp(path: str, data: BytesLike, fsync: bool, writeback: bool = False) -> str:
     """``data`` in a new temp file beside ``path`` (fsync'd, or with ``writeback`` handed to the
     disk without waiting: :func:`~.writeback.start_writeback`); returns the temp file's path.

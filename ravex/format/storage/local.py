@@ -110,11 +110,7 @@ class LocalStorage(Storage):
 
         def fsync_one(item: PendingWrite) -> None:
             try:
-                fd = os.open(item.temp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                atomic.fsync_path(item.temp)
             except OSError as exc:
                 raise storage_error(self.url, "write", item.key, exc) from exc
 
@@ -153,11 +149,7 @@ class LocalStorage(Storage):
             folders, self._dirty = self._dirty, set()
         for folder in folders:
             try:
-                fd = os.open(folder, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                atomic.fsync_path(folder)
             except OSError as exc:
                 raise storage_error(self.url, "sync", os.path.relpath(folder, self.root), exc) from exc
 
@@ -195,13 +187,9 @@ class LocalStorage(Storage):
             folders.add(os.path.dirname(path))
         for folder in folders:
             try:
-                fd = os.open(folder, os.O_RDONLY)
+                atomic.fsync_path(folder)
             except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                continue  # no such folder: nothing in it was deleted
 
     def delete_if_older(self, key: str, cutoff: float) -> bool:
         """Delete ``key`` only if its mtime, checked after it is moved aside, is before ``cutoff``.
