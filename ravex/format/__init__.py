@@ -36,10 +36,11 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .catalog import StepInfo
     from .export import export_safetensors, export_zarr
     from .reader import ArrayRef, StepReader
     from .refs import write_refs
-    from .store import CheckpointStore, StepInfo, open_store
+    from .store import CheckpointStore, open_store
     from .tensorstore_spec import open_tensorstore, tensorstore_spec
     from .writer import ArrayShard, CommitStats, StepWriter
     from .zarr_store import StepStore
@@ -52,7 +53,7 @@ _LAZY: dict[str, str] = {
     "StepReader": "reader",
     "write_refs": "refs",
     "CheckpointStore": "store",
-    "StepInfo": "store",
+    "StepInfo": "catalog",
     "open_store": "store",
     "open_tensorstore": "tensorstore_spec",
     "tensorstore_spec": "tensorstore_spec",
