@@ -86,11 +86,11 @@ def test_python_float_nan_bits_round_trip(tmp_path):
 def test_the_manifest_cache_is_bounded_in_bytes_not_only_in_count(tmp_path, monkeypatch):
     """A writer remembers every manifest it commits; a 10,000-tensor one parses to ~30 MB, so
     256 of them (the count bound) would be gigabytes. The byte bound evicts the oldest."""
-    from ravex.format import catalog as store_module
+    from ravex.format import catalog
 
     state = {f"t{i}": np.full(4, i, "float32") for i in range(200)}  # 200 arrays: ~480 KB estimated
-    one = store_module._parsed_bytes
-    monkeypatch.setattr(store_module, "MANIFEST_CACHE_BYTES", 3 * 500_000)
+    one = catalog._parsed_bytes
+    monkeypatch.setattr(catalog, "MANIFEST_CACHE_BYTES", 3 * 500_000)
     store = open_store(tmp_path / "s", create=True)
     with store.writer() as w:
         for step in range(1, 9):
