@@ -7,7 +7,11 @@ Findings name the step, rank, tensor and chunk involved. Kinds:
 - ``incomplete_step``: a step missing the manifest of some rank (or mixing runs).
 - ``missing_object``, ``size_mismatch``: an object a manifest names is absent or
   the wrong size (checked by listing, no reads).
-- ``hash_mismatch``: an object's bytes do not hash to its name (``full=True`` reads them).
+- ``hash_mismatch``: a chunk's stored bytes are damaged (``full=True`` reads every object and
+  every inline chunk): the finding names that chunk and its byte range in the object.
+- ``unread_damage``: an object does not hash to its name, but no chunk a checked step reads
+  from it is damaged: the damage lies in bytes no step reads (the dead region of a pack, an
+  orphan object). A warning naming the object and the byte ranges that hold it.
 - ``orphan_object``: an object no manifest names (garbage, not damage: a warning).
 """
 
@@ -24,7 +28,7 @@ from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFound
 from .hashing import digest
 from .keyview import decoded_chunk_size
 from .manifest import ArrayEntry, ChunkRef, Manifest
-from .names import manifest_ranks, object_key, step_dir
+from .names import check_object_name, manifest_ranks, object_key, step_dir
 from .storage import Storage
 from .summary import Progress, no_progress
 
@@ -41,7 +45,7 @@ ERROR_KINDS = {
     "size_mismatch",
     "hash_mismatch",
 }
-WARNING_KINDS = {"incomplete_step", "orphan_object"}
+WARNING_KINDS = {"incomplete_step", "orphan_object", "unread_damage"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Finding:
     tensor: str | None = None
     chunk: str | None = None
     object: str | None = None
+    #: ``[start, end)`` byte ranges of ``object`` the finding is about.
+    ranges: tuple[tuple[int, int], ...] | None = None
 
     @property
     def severity(self) -> str:
@@ -60,6 +66,8 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if v is not None}
+        if self.ranges is not None:
+            d["ranges"] = [list(r) for r in self.ranges]
         d["severity"] = self.severity
         return d
 
@@ -89,23 +97,39 @@ class ValidationReport:
         }
 
 
-def _chunk_damaged(data: bytes, ref: ChunkRef, entry: ArrayEntry) -> bool:
-    """Whether one chunk's bytes inside a (damaged) object no longer decode to its ``raw``.
+#: What the stored bytes of one chunk are, as far as its ``raw`` digest and its codecs tell.
+INTACT, DAMAGED, UNPROVEN = "intact", "damaged", "unproven"
 
-    Decodes into a buffer of exactly the chunk's decoded size, as a reader does: a damaged
-    (or hostile) object cannot make validate allocate more than its shape allows."""
-    start = ref.offset or 0
-    stored = data[start : start + ref.size]
+
+def _decoded(stored: bytes | memoryview, ref: ChunkRef, entry: ArrayEntry) -> bytes | memoryview | None:
+    """A chunk's stored bytes decoded, or ``None`` when they do not decode to its ``raw`` digest
+    (a reader refuses them). Decodes into a buffer of exactly the chunk's decoded size, as a
+    reader does: damaged (or hostile) bytes cannot make validate allocate more than the shape allows."""
     if len(stored) != ref.size:
-        return True
+        return None
     try:
-        pipe = pipeline(entry.codecs)
-        if pipe.compressor is None:
-            return digest(stored) != ref.raw
-        decoded = pipe.decode(stored, decoded_chunk_size(entry))
+        decoded = pipeline(entry.codecs).decode(stored, decoded_chunk_size(entry))
     except Exception:
-        return True
-    return digest(decoded) != ref.raw
+        return None
+    return decoded if digest(decoded) == ref.raw else None
+
+
+def _chunk_state(stored: bytes | memoryview, ref: ChunkRef, entry: ArrayEntry) -> str:
+    """``DAMAGED`` when a packed chunk's bytes do not decode to its ``raw`` digest; ``INTACT``
+    when they are exactly what encoding the decoded bytes gives; ``UNPROVEN`` when they decode
+    correctly but differ from a fresh encoding (a byte the codec ignores was hit, or the codec
+    library encodes differently)."""
+    decoded = _decoded(stored, ref, entry)
+    if decoded is None:
+        return DAMAGED
+    pipe = pipeline(entry.codecs)
+    if pipe.compressor is None:
+        return INTACT
+    try:
+        again = pipe.encode(memoryview(decoded))
+    except Exception:
+        return UNPROVEN
+    return INTACT if bytes(again) == bytes(stored) else UNPROVEN
 
 
 def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
@@ -141,8 +165,10 @@ def validate(
 
     ``progress(done, total, what)`` is called as each step's manifests are reached (``what``
     is ``"step N"``), then, with ``full``, as each object is rehashed (``what`` is its name).
-    Only the store's bounded manifest cache holds parsed manifests, and each object remembers
-    the one chunk that first names it, so that 100 steps of 10,000 tensors fit in memory.
+    Only the store's bounded manifest cache holds parsed manifests, and the only other state
+    is the set of object names, so that 100 steps of 10,000 tensors fit in memory. An object
+    that does not hash to its name is read again against every chunk the checked steps read
+    from it (:func:`_object_damage`), so that the finding names the damaged chunks.
     """
     from .store import CheckpointStore, open_store
 
@@ -161,8 +187,9 @@ def validate(
     report = ValidationReport(store.url)
     storage: Storage = store.storage
     sizes = {o.key.rsplit("/", 1)[-1]: (o.key, o.size) for o in storage.walk("objects")}
-    first_use: dict[str, _Use] = {}  # object -> the first chunk that names it
+    named: set[str] = set()  # objects some checked manifest names
     sound: set[str] = set()  # objects some chunk finds present and large enough: the ones rehashed
+    parsed: list[tuple[int, int]] = []  # (step, rank) of every manifest that parsed
 
     numbers = [s for s in store.step_numbers() if steps is None or s in steps]
     progress(0, len(numbers), "manifests")
@@ -189,11 +216,18 @@ def validate(
                 good = False
                 continue
             manifests.append(m)
+            parsed.append((step, rank))
             for path, entry in m.arrays.items():
                 for key, ref in entry.chunks.items():
                     if ref.object is None:
+                        if full and ref.inline is not None and _decoded(ref.inline, ref, entry) is None:
+                            report.findings.append(Finding(
+                                "hash_mismatch", f"step {step} rank {rank} tensor {path!r} chunk {key}: its inline "
+                                "bytes in the manifest do not decode to its raw digest (corrupt manifest)",
+                                step, rank, path, key,
+                            ))
                         continue
-                    first_use.setdefault(ref.object, _Use(step, rank, path, key))
+                    named.add(ref.object)
                     problem = _listing_problem(ref, sizes.get(ref.object))
                     if problem is None:
                         sound.add(ref.object)
@@ -211,8 +245,12 @@ def validate(
             report.findings.extend(_array_problems(step, manifests))
     progress(len(numbers), len(numbers), "manifests")
 
+    every_step = steps is None
+    orphans = [name for name in sizes if name not in named] if every_step else []
     if full:
-        names = sorted(sound)  # an object only ever too small is reported as that, not rehashed
+        # an object only ever too small is reported as that, not rehashed; an orphan is rehashed
+        # when it is a finished object (named by a digest, in its place), not a writer's temp file
+        names = sorted(sound) + [n for n in orphans if _is_object(n, sizes[n][0])]
 
         def check(name: str) -> list[Finding]:
             try:
@@ -221,13 +259,14 @@ def validate(
                 return []  # deleted since the listing: a concurrent GC, not damage
             if digest(data) == name:
                 return []
-            use = first_use[name]
-            return damaged_chunks(store, name, data, report.steps_checked) or [Finding(
-                "hash_mismatch",
-                f"step {use.step} rank {use.rank} tensor {use.tensor!r} chunk {use.chunk}: object {name} "
-                "does not match its hash (corrupt bytes)",
-                use.step, use.rank, use.tensor, use.chunk, name,
-            )]
+            if name not in named:
+                return [Finding(
+                    "unread_damage",
+                    f"{object_key(name)} is named by no manifest and does not match its hash: its bytes "
+                    f"[0, {len(data)}) are damaged, and no step reads them",
+                    object=name, ranges=((0, len(data)),),
+                )]
+            return _object_damage(store, name, data, parsed, every_step)
 
         progress(0, len(names), "objects")
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -237,24 +276,20 @@ def validate(
         report.objects_checked = len(names)
         progress(len(names), len(names), "")
 
-    if steps is None:
-        for name, (key, _size) in sizes.items():
-            if name not in first_use:
-                report.findings.append(
-                    Finding("orphan_object", f"{key} is named by no manifest (garbage; `ravex gc` removes it)",
-                            object=name)
-                )
+    for name in orphans:
+        report.findings.append(Finding(
+            "orphan_object", f"{sizes[name][0]} is named by no manifest (garbage; `ravex gc` removes it)", object=name
+        ))
     return report
 
 
-@dataclass(frozen=True)
-class _Use:
-    """Where an object is first named: step, rank, tensor and chunk."""
-
-    step: int
-    rank: int
-    tensor: str
-    chunk: str
+def _is_object(name: str, key: str) -> bool:
+    """Whether a file under ``objects/`` is where an object of that name belongs."""
+    try:
+        check_object_name(name, key)
+    except UnsafeNameError:
+        return False
+    return key == object_key(name)
 
 
 def _listing_problem(ref: ChunkRef, found: tuple[str, int] | None) -> tuple[str, str] | None:
@@ -268,27 +303,84 @@ def _listing_problem(ref: ChunkRef, found: tuple[str, int] | None) -> tuple[str,
     return None
 
 
-def damaged_chunks(store: CheckpointStore, name: str, data: bytes, steps: Iterable[int]) -> list[Finding]:
-    """The chunks held in a damaged object whose bytes no longer decode to their raw digest.
+def _object_damage(
+    store: CheckpointStore, name: str, data: bytes, parsed: Iterable[tuple[int, int]], every_step: bool
+) -> list[Finding]:
+    """Where the damage lies in an object that does not hash to its name.
 
-    A pack object holds the chunks of many tensors; a flipped byte damages one of them. Each
-    damaged chunk is reported once, at the oldest of ``steps`` that names it.
+    A pack holds the chunks of many tensors and, once GC has collected the steps that used
+    some of them, bytes no step reads. Each chunk the manifests ``parsed`` read from the object
+    is judged on its own bytes: a whole object's one chunk is damaged with it (a reader checks
+    it against the object's name), a packed chunk when it does not decode to its ``raw`` digest.
+    Damaged chunks are errors, each reported once, at the oldest step that names it. When no
+    chunk is damaged, the damage lies in the bytes no step reads: a warning about the object
+    naming those byte ranges. When every byte is read, it lies in the chunks whose bytes decode
+    correctly but differ from a fresh encoding.
     """
-    found: dict[tuple[str, str, str], Finding] = {}
-    for step in steps:
-        for rank in store.step_info(step).ranks:
-            try:
-                m = store.manifest(step, rank)
-            except (RavexError, OSError):
-                continue  # already a finding of its own
-            for path, entry in m.arrays.items():
-                for key, ref in entry.chunks.items():
-                    if ref.object != name or (path, key, ref.raw) in found or not _chunk_damaged(data, ref, entry):
-                        continue
-                    found[(path, key, ref.raw)] = Finding(
-                        "hash_mismatch",
-                        f"step {step} rank {rank} tensor {path!r} chunk {key}: its bytes in object {name} "
-                        "are corrupt (the object does not match its hash)",
-                        step, rank, path, key, name,
+    damaged: dict[tuple[str, str, str], Finding] = {}
+    unproven: dict[tuple[str, str, str], Finding] = {}
+    judged: set[tuple[str, str, str]] = set()
+    spans: list[tuple[int, int]] = []
+    for step, rank in parsed:
+        try:
+            m = store.manifest(step, rank)
+        except (RavexError, OSError):
+            continue  # already a finding of its own
+        for path, entry in m.arrays.items():
+            for key, ref in entry.chunks.items():
+                if ref.object != name:
+                    continue
+                start = ref.offset or 0
+                span = (start, start + ref.size)
+                spans.append(span)
+                if (path, key, ref.raw) in judged:
+                    continue
+                judged.add((path, key, ref.raw))
+                state = DAMAGED if ref.offset is None else _chunk_state(data[span[0] : span[1]], ref, entry)
+                where = f"step {step} rank {rank} tensor {path!r} chunk {key}: its bytes in object {name}"
+                if state == DAMAGED:
+                    damaged[(path, key, ref.raw)] = Finding(
+                        "hash_mismatch", f"{where} are corrupt (the object does not match its hash)",
+                        step, rank, path, key, name, (span,),
                     )
-    return list(found.values())
+                elif state == UNPROVEN:
+                    unproven[(path, key, ref.raw)] = Finding(
+                        "hash_mismatch", f"{where} are not what was written (the object does not match its hash), "
+                        "though they still decode to the chunk",
+                        step, rank, path, key, name, (span,),
+                    )
+    if damaged:
+        return list(damaged.values())
+    unread = _unread(len(data), spans)
+    if unread:
+        reader = "no step" if every_step else "no step checked"
+        return [Finding(
+            "unread_damage",
+            f"{object_key(name)} does not match its hash, but every chunk read from it is intact: the damage is "
+            f"in bytes {_show_ranges(unread)}, which {reader} reads",
+            object=name, ranges=tuple(unread),
+        )]
+    if unproven:
+        return list(unproven.values())
+    return [Finding(
+        "hash_mismatch", f"{object_key(name)} does not match its hash, though every chunk read from it is intact "
+        "(the object is misnamed)", object=name, ranges=((0, len(data)),),
+    )]
+
+
+def _unread(size: int, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ``[start, end)`` ranges of ``[0, size)`` that no span covers."""
+    gaps = []
+    at = 0
+    for start, end in sorted(spans):
+        if start > at:
+            gaps.append((at, min(start, size)))
+        at = max(at, end)
+    if at < size:
+        gaps.append((at, size))
+    return [(a, b) for a, b in gaps if a < b]
+
+
+def _show_ranges(ranges: list[tuple[int, int]], limit: int = 3) -> str:
+    shown = ", ".join(f"[{a}, {b})" for a, b in ranges[:limit])
+    return shown if len(ranges) <= limit else f"{shown} and {len(ranges) - limit} more ranges"
