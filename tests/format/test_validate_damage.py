@@ -152,3 +152,29 @@ def test_flip_in_an_inline_chunk_is_an_error_in_that_chunk(tmp_path):
         ("hash_mismatch", "error", 2, 0, "tiny", "c/0", None)
     ]
     assert rc == 1
+
+
+def test_flip_a_codec_ignores_is_named_by_a_fresh_encoding(tmp_path):
+    """Some blosc header bytes do not change the decoding: a reader gets the right data, yet
+    the chunk's bytes are not what was written. Every other chunk of the pack re-encodes to its
+    bytes, so the one that does not is named, and no other."""
+    url = write(tmp_path / "s", "blosc")
+    ref = chunk(url, 3, "layers/l7")
+    path = Path(url) / object_key(ref.object)
+    clean = path.read_bytes()
+    want = state(3)["layers"]["l7"]
+    for at in range(16):  # the header
+        flip(url, ref.object, ref.offset + at)
+        try:
+            if open_store(url).read(3, subtree=("layers", "l7")).tobytes() == want.tobytes():
+                break
+        except CorruptObjectError:
+            pass
+        path.write_bytes(clean)
+    else:
+        pytest.fail("no header byte of a blosc chunk that the decoding ignores")
+    report, rc, _doc = both(url)
+    assert [(f.kind, f.severity, f.step, f.tensor, f.chunk, f.object) for f in report.findings] == [
+        ("hash_mismatch", "error", 1, "layers/l7", "c/0", ref.object)
+    ]
+    assert report.findings[0].ranges == ((ref.offset, ref.offset + ref.size),) and rc == 1
