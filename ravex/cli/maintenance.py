@@ -23,7 +23,8 @@ from .common import (
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check a store; exit 1 when it is damaged."""
+    """Check a store; exit 1 on an error (damage a step reads), 0 on warnings alone (damage no step
+    reads, orphans, incomplete steps: what crashes leave and GC collects)."""
     from ravex.format.validate import validate
 
     store = open_store_for(args.store)
@@ -97,7 +98,8 @@ def _step_list(steps: list[int]) -> str:
 
 def _validate_arguments(p: argparse.ArgumentParser) -> None:
     store_argument(p)
-    p.add_argument("--full", action="store_true", help="also read and rehash every object")
+    p.add_argument("--full", action="store_true",
+                   help="also rehash every object and decode every inline chunk, naming the damaged chunks")
     json_argument(p)
 
 
