@@ -37,15 +37,8 @@ if TYPE_CHECKING:
     from .reader import StepReader
 
 GROUP_DOC = {"zarr_format": 3, "node_type": "group", "attributes": {}}
-
-
-def _consolidated(metadata: dict[str, Any]) -> dict[str, Any]:
-    """Zarr v3 inline consolidated metadata: ``metadata`` maps paths below the group to documents."""
-    return {"kind": "inline", "must_understand": False, "metadata": metadata}
-
-
-#: A group's entry in the root's consolidated metadata, as zarr-python writes it.
-_CONSOLIDATED_GROUP = {**GROUP_DOC, "consolidated_metadata": _consolidated({})}
+#: Zarr v3 inline consolidated metadata up to its ``metadata`` map's first entry.
+_CONSOLIDATED_OPEN = b'{"kind":"inline","must_understand":false,"metadata":{'
 
 
 # ---- the key view of a step ----------------------------------------------------------------
@@ -87,6 +80,11 @@ def _doc(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
+#: A group's entry in the root's consolidated metadata, as zarr-python writes it.
+_CONSOLIDATED_GROUP = _doc({**GROUP_DOC, "consolidated_metadata": {"kind": "inline", "must_understand": False,
+                                                                   "metadata": {}}})
+
+
 def step_keys(reader: StepReader, consolidate: Literal["core", "all"] | None = None) -> dict[str, KeyEntry]:
     """Every Zarr key of a step (all ranks merged), sorted.
 
@@ -102,24 +100,26 @@ def step_keys(reader: StepReader, consolidate: Literal["core", "all"] | None = N
     A plain directory (``export_zarr``) lists itself and needs none (spec/FORMAT.md, 18.1).
     """
     keys: dict[str, KeyEntry] = {}
-    consolidated: dict[str, Any] = {}
+    listed: dict[str, bytes] = {}  # path -> its document, for the consolidated metadata
     group = _doc(GROUP_DOC)
     for path, entry in reader.arrays.items():
         parts = path.split("/")
         for i in range(1, len(parts)):
             prefix = "/".join(parts[:i])
             keys.setdefault(f"{prefix}/zarr.json", KeyEntry(doc=group))
-            consolidated.setdefault(prefix, _CONSOLIDATED_GROUP)
-        keys[f"{path}/zarr.json"] = KeyEntry(doc=_doc(entry.zarr))
+            listed.setdefault(prefix, _CONSOLIDATED_GROUP)
+        doc = _doc(entry.zarr)
+        keys[f"{path}/zarr.json"] = KeyEntry(doc=doc)
         known = BY_NAME.get(entry.data_type)
         if known is not None and (consolidate == "all" or not known.extension):
-            consolidated[path] = entry.zarr
+            listed[path] = doc
         for key, ref in entry.chunks.items():
             keys[f"{path}/{key}"] = KeyEntry(array=path, ref=ref)
-    root: dict[str, Any] = {**GROUP_DOC, "attributes": root_attributes(reader)}
-    if consolidate is not None:
-        root["consolidated_metadata"] = _consolidated(dict(sorted(consolidated.items())))
-    keys["zarr.json"] = KeyEntry(doc=_doc(root))
+    root = _doc({**GROUP_DOC, "attributes": root_attributes(reader)})
+    if consolidate is not None:  # the documents encoded above, spliced in: each is encoded once
+        body = b",".join(json.dumps(path).encode() + b":" + doc for path, doc in sorted(listed.items()))
+        root = root[:-1] + b',"consolidated_metadata":' + _CONSOLIDATED_OPEN + body + b"}}}"
+    keys["zarr.json"] = KeyEntry(doc=root)
     return dict(sorted(keys.items()))
 
 
