@@ -14,7 +14,7 @@ import difflib
 import os
 import signal
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, AnyStr
 
 from ravex.errors import ConfigError
 
@@ -394,7 +394,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def _yaml_problem(exc: Exception, text: str) -> str:
+def _yaml_problem(exc: Any, text: str) -> str:
     """``2:10: not valid YAML: <problem> (<context> at 1:10)``, to follow ``path:``. PyYAML's own
     message is several lines (problem, context, an excerpt with a caret) and its first line alone
     says neither where nor what; keep the 1-based line:column, the problem and its context."""
@@ -417,7 +417,7 @@ def _yaml_problem(exc: Exception, text: str) -> str:
     return f"{where}: not valid YAML: {what}" if where else f" not valid YAML: {what}"
 
 
-def _line_col(text: str | bytes, offset: int, newline: str | bytes) -> tuple[int, int]:
+def _line_col(text: AnyStr, offset: int, newline: AnyStr) -> tuple[int, int]:
     """1-based line and column of ``offset`` in ``text``."""
     start = text.rfind(newline, 0, offset) + 1
     return text.count(newline, 0, offset) + 1, offset - start + 1

@@ -199,7 +199,7 @@ class _Prepared:
         for _ in range(skip):  # indices only: no sample of a skipped batch is loaded
             if next(it, _END) is _END:
                 break
-        first = next(it, _END)
+        first: Any = next(it, _END)
         self._it = iter(()) if first is _END else itertools.chain((first,), it)
 
     def __iter__(self) -> _Prepared:

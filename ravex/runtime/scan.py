@@ -80,7 +80,7 @@ def _roots() -> list[Any]:
     """The locals of running frames outside Ravex, innermost first, then ``__main__``'s namespace."""
     roots: list[Any] = []
     for top in sys._current_frames().values():
-        frame = top
+        frame: types.FrameType | None = top
         while frame is not None:
             name = frame.f_globals.get("__name__") or ""
             if name != "ravex" and not name.startswith("ravex."):  # our frames hold the heap list

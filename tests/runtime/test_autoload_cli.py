@@ -99,3 +99,22 @@ def test_site_dir_option(tmp_path, verb):
         subprocess.run([harness.PYTHON, "-m", "ravex", "disable", "--site-dir", str(site)],
                        env=harness.child_env(), check=True, capture_output=True)
         assert not (site / "ravex-autoload.pth").exists()
+
+
+def test_a_pth_line_naming_a_moved_autoloader_is_harmless(tmp_path):
+    """A line that ``ravex enable`` wrote before the autoloader moved (``ravex/_autoload.py``)
+    still runs at every interpreter start: it must do nothing, and say nothing."""
+    import sys
+
+    from ravex.runtime.autoload import PTH_NAME, pth_line, source_file
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    moved = source_file().replace("runtime/autoload.py", "_autoload.py")
+    (site_dir / PTH_NAME).write_text(pth_line(moved))
+    (tmp_path / "ravex.yaml").write_text("storage: ./ck\n")
+    code = (f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+            "print('_ravex_autoload' in sys.modules, any(m.startswith('ravex') for m in sys.modules))")
+    done = _py(sys.executable, code, tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.split() == ["False", "False"]
