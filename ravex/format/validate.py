@@ -98,7 +98,7 @@ class ValidationReport:
 
 
 #: What the stored bytes of one chunk are, as far as its ``raw`` digest and its codecs tell.
-INTACT, DAMAGED, UNPROVEN = "intact", "damaged", "unproven"
+_INTACT, _DAMAGED, _UNPROVEN = "intact", "damaged", "unproven"
 
 
 def _decoded(stored: bytes | memoryview, ref: ChunkRef, entry: ArrayEntry) -> bytes | memoryview | None:
@@ -115,21 +115,21 @@ def _decoded(stored: bytes | memoryview, ref: ChunkRef, entry: ArrayEntry) -> by
 
 
 def _chunk_state(stored: bytes | memoryview, ref: ChunkRef, entry: ArrayEntry) -> str:
-    """``DAMAGED`` when a packed chunk's bytes do not decode to its ``raw`` digest; ``INTACT``
-    when they are exactly what encoding the decoded bytes gives; ``UNPROVEN`` when they decode
+    """``_DAMAGED`` when a packed chunk's bytes do not decode to its ``raw`` digest; ``_INTACT``
+    when they are exactly what encoding the decoded bytes gives; ``_UNPROVEN`` when they decode
     correctly but differ from a fresh encoding (a byte the codec ignores was hit, or the codec
     library encodes differently)."""
     decoded = _decoded(stored, ref, entry)
     if decoded is None:
-        return DAMAGED
+        return _DAMAGED
     pipe = pipeline(entry.codecs)
     if pipe.compressor is None:
-        return INTACT
+        return _INTACT
     try:
         again = pipe.encode(memoryview(decoded))
     except Exception:
-        return UNPROVEN
-    return INTACT if bytes(again) == bytes(stored) else UNPROVEN
+        return _UNPROVEN
+    return _INTACT if bytes(again) == bytes(stored) else _UNPROVEN
 
 
 def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
@@ -336,14 +336,14 @@ def _object_damage(
                 if (path, key, ref.raw) in judged:
                     continue
                 judged.add((path, key, ref.raw))
-                state = DAMAGED if ref.offset is None else _chunk_state(data[span[0] : span[1]], ref, entry)
+                state = _DAMAGED if ref.offset is None else _chunk_state(data[span[0] : span[1]], ref, entry)
                 where = f"step {step} rank {rank} tensor {path!r} chunk {key}: its bytes in object {name}"
-                if state == DAMAGED:
+                if state == _DAMAGED:
                     damaged[(path, key, ref.raw)] = Finding(
                         "hash_mismatch", f"{where} are corrupt (the object does not match its hash)",
                         step, rank, path, key, name, (span,),
                     )
-                elif state == UNPROVEN:
+                elif state == _UNPROVEN:
                     unproven[(path, key, ref.raw)] = Finding(
                         "hash_mismatch", f"{where} are not what was written (the object does not match its hash), "
                         "though they still decode to the chunk",
