@@ -54,6 +54,11 @@ INLINE_MAX_BYTES = 512
 #: of about PACK_TARGET_BYTES (a chunk entry then carries an ``offset``).
 PACK_MAX_CHUNK_BYTES = 256 << 10
 PACK_TARGET_BYTES = 4 << 20
+#: A commit reuses chunks of a pack only if they cover at least this fraction of the pack's
+#: bytes; otherwise it stores them afresh in its own packs. Every manifest then reads at least
+#: this much of each pack it names, so after GC at most ``1 - LIVE_PACK_FRACTION`` of the pack
+#: bytes are read by no retained step, whatever the retention (spec/FORMAT.md §13).
+LIVE_PACK_FRACTION = 0.9
 DEFAULT_THREADS = 4
 #: Chunks smaller than this are hashed (and encoded, written) in runs of about this many
 #: bytes per pool task: a task costs ~100 us of pool overhead, a 2 KiB chunk ~1 us to hash.
@@ -93,6 +98,10 @@ class CommitStats:
     reused_bytes: int = 0
     inline_bytes: int = 0
     manifest_bytes: int = 0
+    #: chunks the base holds in a pack this step would read too little of, stored afresh
+    #: (counted in ``new_chunks`` and ``new_bytes`` too)
+    rewritten_chunks: int = 0
+    rewritten_bytes: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -160,12 +169,17 @@ class StepWriter:
         self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
         self.delta = delta  # False: every commit stores every chunk anew (no reuse)
         self._base: dict[str, dict[str, ChunkRef]] | None = None if delta else {}
+        #: bytes of each pack object that the base's chunk entries cover
+        self._base_packs: dict[str, int] = {}
         #: GC's grace period. A base from this writer's own last manifest is trusted only
         #: while that step is complete or younger than half of it: GC drops incomplete
         #: steps (a rank that failed its part) once they are older than the grace.
         self.grace_seconds = grace_seconds
         self._base_step: int | None = None
         self._base_at = 0.0
+        #: sizes of the pack objects this writer has written or looked up (a name is a content
+        #: hash, so an entry never goes stale), kept for the packs its last manifest names
+        self._pack_sizes: dict[str, int] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -178,14 +192,14 @@ class StepWriter:
 
     # ---- delta base --------------------------------------------------------------------
 
-    def _load_base(self) -> dict[str, dict[str, ChunkRef]]:
+    def _load_base(self) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, int]]:
         latest = self.store.latest_step()
         if latest is None:
-            return {}
+            return {}, {}
         try:
             return _reuse_index(self.store.manifest(latest, self.rank))
         except (RavexError, OSError):
-            return {}  # a rank that did not exist then, or an unreadable base: write in full
+            return {}, {}  # a rank that did not exist then, or an unreadable base: write in full
 
     # ---- commit ------------------------------------------------------------------------
 
@@ -216,7 +230,7 @@ class StepWriter:
         ):
             self._base, self._base_step = None, None  # a base GC may be collecting: start afresh
         if self._base is None:
-            self._base = self._load_base()
+            self._base, self._base_packs = self._load_base()
         planned: dict[str, _PlannedArray] = {}
 
         def on_array(value: Any, path: tuple[Any, ...]) -> str:
@@ -318,6 +332,18 @@ class StepWriter:
             wait([fut for _, _, fut in jobs])
             self.store.storage.discard(pending)
             raise
+        sparse = self._sparse_packs(ref for _, _, (ref, fresh) in results if not fresh)
+        if sparse:
+            raws: dict[str, dict[str, memoryview]] = {}
+            for i, (arr, key, (ref, fresh)) in enumerate(results):
+                if not fresh and isinstance(ref, ChunkRef) and ref.object in sparse:
+                    by_key = raws.get(arr.path)
+                    if by_key is None:
+                        by_key = raws[arr.path] = dict(arr.chunks)
+                    again = _encode_again(arr, by_key[key], ref)
+                    results[i] = (arr, key, (again, True))
+                    stats.rewritten_chunks += 1
+                    stats.rewritten_bytes += len(again.data)
         for arr, key, (ref, fresh) in results:
             stats.chunks += 1
             if isinstance(ref, _Small):
@@ -364,7 +390,10 @@ class StepWriter:
         self.store.storage.write(manifest_key(step, self.rank), data)
         self.store.storage.sync()
         if self.delta:
-            self._base, self._base_step, self._base_at = _reuse_index(manifest), step, time.monotonic()
+            self._base, self._base_packs = _reuse_index(manifest)
+            self._base_step, self._base_at = step, time.monotonic()
+        packs = {ref.object for e in manifest.arrays.values() for ref in e.chunks.values() if ref.offset is not None}
+        self._pack_sizes = {name: size for name, size in self._pack_sizes.items() if name in packs}
         t_refs = time.perf_counter()
         if self.world_size == 1:  # complete now; with several ranks, whoever sees it complete calls write_refs
             # A complete step is immutable: cache the manifest as written rather than have
@@ -386,6 +415,44 @@ class StepWriter:
             "total": ended - started,
         }
         return stats
+
+    def _sparse_packs(self, reused: Iterator[ChunkRef | _Small]) -> set[str]:
+        """The packs of which the reused chunks ``reused`` cover less than LIVE_PACK_FRACTION.
+
+        A pack this commit would name for a few chunks (an RNG state, a frozen bias, while
+        the rest of the pack changed) would stay alive for them after GC has collected the
+        steps that read the rest. Storing those chunks again costs a few small writes; the
+        pack is then named by older steps only, and GC deletes it once they go.
+
+        Only a pack of which this commit covers fewer bytes than its base did is measured
+        (so unchanged state costs no storage request); its size is known when this writer
+        wrote it, else read once. A pack whose size cannot be read counts as sparse:
+        storing chunks afresh is always safe.
+        """
+        used: dict[str, dict[int, int]] = {}
+        for ref in reused:
+            if isinstance(ref, ChunkRef) and ref.object is not None and ref.offset is not None:
+                used.setdefault(ref.object, {})[ref.offset] = ref.size  # a chunk used twice counts once
+        # A pack the base covered no more of passed this check when the base was committed.
+        used = {name: ranges for name, ranges in used.items() if sum(ranges.values()) < self._base_packs.get(name, 0)}
+        sparse: set[str] = set()
+
+        def size_of(name: str) -> int | None:
+            try:
+                return self.store.storage.size(object_key(name))
+            except (RavexError, OSError):
+                return None
+
+        unknown = [name for name in used if name not in self._pack_sizes]
+        for name, size in zip(unknown, self._pool.map(size_of, unknown), strict=True):
+            if size is None:
+                sparse.add(name)
+            else:
+                self._pack_sizes[name] = size
+        for name, ranges in used.items():
+            if name not in sparse and sum(ranges.values()) < LIVE_PACK_FRACTION * self._pack_sizes[name]:
+                sparse.add(name)
+        return sparse
 
     def _write_packs(
         self, small: list[tuple[str, str, _Small]], timings: _Timings, pending: list[PendingWrite]
@@ -422,6 +489,7 @@ class StepWriter:
             if handle is not None:
                 pending.append(handle)
         names = [fut.result()[0] for fut in futures]
+        self._pack_sizes.update(zip(names, map(len, packs), strict=True))
         for path, key, chunk in small:
             index, offset = placed[chunk.identity]
             refs[(path, key)] = ChunkRef(raw=chunk.raw, size=len(chunk.data), object=names[index], offset=offset)
@@ -527,14 +595,30 @@ class _Timings:
             self.write += write
 
 
-def _reuse_index(manifest: Manifest) -> dict[str, dict[str, ChunkRef]]:
-    """A step's chunks by codec chain, then by raw digest: what a commit may reuse. (Keyed in
-    two levels so that a lookup builds no tuple: a sparse table looks up ~400k chunks.)"""
+def _encode_again(arr: _PlannedArray, raw: memoryview, ref: ChunkRef) -> _Small:
+    """A reused chunk of ``arr`` (``raw``, its bytes in memory) encoded again, to be packed
+    with the commit's new chunks; its raw digest, and so its identity, is ``ref``'s."""
+    if raw.nbytes != arr.chunk_len:  # an edge chunk is stored at full size
+        padded = bytearray(arr.chunk_len)
+        padded[: raw.nbytes] = raw
+        raw = memoryview(padded)
+    pipe = pipeline(arr.codecs)
+    return _Small(ref.raw, pipe.codecs_json, bytes(pipe.encode(raw)))
+
+
+def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, int]]:
+    """A step's chunks by codec chain, then by raw digest: what a commit may reuse (keyed in
+    two levels so that a lookup builds no tuple: a sparse table looks up ~400k chunks); and the
+    bytes of each pack object that its chunk entries cover."""
     index: dict[str, dict[str, ChunkRef]] = {}
+    ranges: dict[str, dict[int, int]] = {}
     for entry in manifest.arrays.values():
         by_raw = index.setdefault(json.dumps(entry.codecs, sort_keys=True), {})
         by_raw.update({ref.raw: ref for ref in entry.chunks.values()})
-    return index
+        for ref in entry.chunks.values():
+            if ref.offset is not None and ref.object is not None:
+                ranges.setdefault(ref.object, {})[ref.offset] = ref.size
+    return index, {name: sum(r.values()) for name, r in ranges.items()}
 
 
 def _zarr_json(arr: _PlannedArray) -> dict[str, Any]:
