@@ -3,7 +3,10 @@
 The pipeline is one task per chunk on a thread pool. xxhash, numcodecs and file
 I/O release the GIL, so a 2-core machine overlaps hashing, encoding and writing.
 A chunk whose raw digest (and codec chain) matches a chunk of the delta base is
-reused as it is: no encoding, no write, no storage round trip.
+reused as it is: no encoding, no write, no storage round trip, unless it sits in a
+pack the commit would otherwise cover less than LIVE_PACK_FRACTION of: then it is stored
+afresh, so that no pack stays alive for a few chunks once GC collects the steps that read
+the rest of it.
 
 The delta base is the previous manifest this writer committed, or, before its
 first commit, the newest complete step's manifest for this rank. Either one is
