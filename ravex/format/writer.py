@@ -4,7 +4,7 @@ The pipeline is one task per chunk on a thread pool. xxhash, numcodecs and file
 I/O release the GIL, so a 2-core machine overlaps hashing, encoding and writing.
 A chunk whose raw digest (and codec chain) matches a chunk of the delta base is
 reused as it is: no encoding, no write, no storage round trip, unless it sits in a
-pack the commit would otherwise cover less than LIVE_PACK_FRACTION of: then it is stored
+pack the commit would otherwise cover too little of (``_sparse_packs``): then it is stored
 afresh, so that no pack stays alive for a few chunks once GC collects the steps that read
 the rest of it.
 
@@ -57,11 +57,14 @@ INLINE_MAX_BYTES = 512
 #: of about PACK_TARGET_BYTES (a chunk entry then carries an ``offset``).
 PACK_MAX_CHUNK_BYTES = 256 << 10
 PACK_TARGET_BYTES = 4 << 20
-#: A commit reuses chunks of a pack only if they cover at least this fraction of the pack's
-#: bytes; otherwise it stores them afresh in its own packs. Every manifest then reads at least
-#: this much of each pack it names, so after GC at most ``1 - LIVE_PACK_FRACTION`` of the pack
-#: bytes are read by no retained step, whatever the retention (spec/FORMAT.md §13).
-LIVE_PACK_FRACTION = 0.9
+#: Pack liveness (spec/FORMAT.md §13). A commit stores afresh the chunks it would reuse from a
+#: pack it covers less than PACK_LIVE_FLOOR of (re-storing them costs fewer bytes than the pack
+#: then frees), and from a pack it covers less than PACK_LIVE_TARGET of while the bytes so
+#: re-stored stay within the commit's own new bytes (sparsest packs first). So every manifest
+#: covers at least the floor of each pack it names, and the target where most of its state
+#: changed, as in training, which leaves at most ``1 - PACK_LIVE_TARGET`` of a pack dead after GC.
+PACK_LIVE_TARGET = 0.9
+PACK_LIVE_FLOOR = 0.5
 DEFAULT_THREADS = 4
 #: Chunks smaller than this are hashed (and encoded, written) in runs of about this many
 #: bytes per pool task: a task costs ~100 us of pool overhead, a 2 KiB chunk ~1 us to hash.
@@ -335,7 +338,11 @@ class StepWriter:
             wait([fut for _, _, fut in jobs])
             self.store.storage.discard(pending)
             raise
-        sparse = self._sparse_packs(ref for _, _, (ref, fresh) in results if not fresh)
+        packed = {r.identity: len(r.data) for _, _, (r, _fresh) in results if isinstance(r, _Small)}
+        new_bytes = sum(packed.values()) + sum(
+            r.size for _, _, (r, fresh) in results if fresh and isinstance(r, ChunkRef) and r.object
+        )
+        sparse = self._sparse_packs((ref for _, _, (ref, fresh) in results if not fresh), new_bytes)
         if sparse:
             raws: dict[str, dict[str, memoryview]] = {}
             for i, (arr, key, (ref, fresh)) in enumerate(results):
@@ -419,13 +426,19 @@ class StepWriter:
         }
         return stats
 
-    def _sparse_packs(self, reused: Iterator[ChunkRef | _Small]) -> set[str]:
-        """The packs of which the reused chunks ``reused`` cover less than LIVE_PACK_FRACTION.
+    def _sparse_packs(self, reused: Iterator[ChunkRef | _Small], budget: int) -> set[str]:
+        """The packs whose chunks among ``reused`` this commit stores afresh instead: those it
+        covers less than PACK_LIVE_FLOOR of, then, sparsest first, those it covers less than
+        PACK_LIVE_TARGET of while the bytes re-stored for them total at most ``budget`` (the
+        commit's new bytes).
 
         A pack this commit would name for a few chunks (an RNG state, a frozen bias, while
         the rest of the pack changed) would stay alive for them after GC has collected the
         steps that read the rest. Storing those chunks again costs a few small writes; the
-        pack is then named by older steps only, and GC deletes it once they go.
+        pack is then named by older steps only, and GC deletes it once they go. The floor
+        bounds what a slowly changing table in small chunks costs: its packs are re-stored
+        only once half dead, where holding them to the target would re-store the table on
+        nearly every commit.
 
         Only a pack of which this commit covers fewer bytes than its base did is measured
         (so unchanged state costs no storage request); its size is known when this writer
@@ -436,7 +449,7 @@ class StepWriter:
         for ref in reused:
             if isinstance(ref, ChunkRef) and ref.object is not None and ref.offset is not None:
                 used.setdefault(ref.object, {})[ref.offset] = ref.size  # a chunk used twice counts once
-        # A pack the base covered no more of passed this check when the base was committed.
+        # A pack the base covered no more of passed the floor when the base was committed.
         used = {name: ranges for name, ranges in used.items() if sum(ranges.values()) < self._base_packs.get(name, 0)}
         sparse: set[str] = set()
 
@@ -452,9 +465,14 @@ class StepWriter:
                 sparse.add(name)
             else:
                 self._pack_sizes[name] = size
-        for name, ranges in used.items():
-            if name not in sparse and sum(ranges.values()) < LIVE_PACK_FRACTION * self._pack_sizes[name]:
+        covered = sorted((sum(ranges.values()) / self._pack_sizes[name], sum(ranges.values()), name)
+                         for name, ranges in used.items() if name not in sparse)
+        for fraction, live, name in covered:
+            if fraction < PACK_LIVE_FLOOR:
                 sparse.add(name)
+            elif fraction < PACK_LIVE_TARGET and live <= budget:
+                sparse.add(name)
+                budget -= live
         return sparse
 
     def _write_packs(
