@@ -13,6 +13,10 @@ period until its manifest names them (a commit must finish within the grace),
 and an object a writer stores anew is always rewritten, never skipped because it
 exists, so its age restarts.
 
+GC deletes whole objects only. The bytes of a pack that no kept step reads go with the pack,
+once no kept manifest names it; the writer's pack-liveness rule (spec/FORMAT.md §13) keeps
+a pack from being named for a few of its chunks, which bounds them.
+
 Requests (an object store bills and delays each): one recursive listing of ``steps/``
 gives every step's files, ranks and age at once; completeness is read only for the
 steps the policy has to look at (from the newest down; a step below the newest complete
