@@ -13,6 +13,12 @@ Standard library only, and only modules the interpreter has already loaded at st
 import os
 import sys
 
+TYPE_CHECKING = False  # (no ``typing`` import: this file runs at every interpreter start)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
 PTH_NAME = "ravex-autoload.pth"
 MODULE_NAME = "_ravex_autoload"
 
@@ -44,11 +50,12 @@ def config_path() -> "str | None":
 class TorchImportHook:
     """A meta path finder that fires once, when ``torch`` is imported."""
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: "Sequence[str] | None" = None,
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if fullname != "torch":
             return None
         sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-        spec = None
+        spec: ModuleSpec | None = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             if find is not None:
@@ -59,11 +66,11 @@ class TorchImportHook:
             return spec
         original = spec.loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: "ModuleType") -> None:
             original(module)
             _activate()
 
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 

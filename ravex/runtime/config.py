@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, AnyStr
 
@@ -289,7 +290,7 @@ def _at_least_one(value: Any) -> int:
     return value
 
 
-def _one_of(choices: tuple[str, ...], upper: bool = False):
+def _one_of(choices: tuple[str, ...], upper: bool = False) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         text = value.upper() if upper and isinstance(value, str) else value
         if text not in choices:
@@ -301,13 +302,13 @@ def _one_of(choices: tuple[str, ...], upper: bool = False):
 
 def _compression(value: Any) -> str:
     """Whatever the format's writer accepts (``none``, ``zstd``, ``zstd:3``, ``blosc``...)."""
-    value = _nonempty_str(value)
+    name = _nonempty_str(value)
     try:
         from ravex.format.codecs import parse_compression
     except ImportError:  # pragma: no cover - the writer will say
-        return value
-    parse_compression(value)  # ValueError names the valid choices
-    return value
+        return name
+    parse_compression(name)  # ValueError names the valid choices
+    return name
 
 
 def _signals(value: Any) -> list[str]:
@@ -331,7 +332,7 @@ def _signals(value: Any) -> list[str]:
 
 
 def _resume(value: Any) -> str | int:
-    if value in ("auto", "never"):
+    if isinstance(value, str) and value in ("auto", "never"):
         return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected 'auto', 'never' or a step number, got {value!r}")

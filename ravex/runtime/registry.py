@@ -42,10 +42,10 @@ class Registry:
     """Weak, ordered sets of the objects Ravex saves and restores."""
 
     _seq: Any = field(default_factory=itertools.count)
-    _objects: dict[str, dict[int, tuple[int, weakref.ref]]] = field(
+    _objects: dict[str, dict[int, tuple[int, weakref.ref[Any]]]] = field(
         default_factory=lambda: {k: {} for k in KINDS}
     )
-    _modules: dict[int, tuple[int, weakref.ref]] = field(default_factory=dict)
+    _modules: dict[int, tuple[int, weakref.ref[Any]]] = field(default_factory=dict)
 
     def add(self, kind: str, obj: Any) -> None:
         """Record ``obj`` (first sighting wins the position)."""
@@ -97,7 +97,8 @@ class Registry:
     @staticmethod
     def state_of(loader: Any) -> LoaderState | None:
         """``loader``'s state if it has been seen (kept on the loader: it lives as long)."""
-        return loader.__dict__.get(_LOADER_STATE)
+        state: LoaderState | None = loader.__dict__.get(_LOADER_STATE)
+        return state
 
     @staticmethod
     def optimizer_steps(optimizer: Any) -> int:
@@ -109,12 +110,16 @@ class Registry:
         optimizer.__dict__[_OPTIMIZER_STEPS] = steps
 
 
-def _forgetter(table: dict[int, Any], key: int) -> Callable[[weakref.ref], None]:
+def _forgetter(table: dict[int, Any], key: int) -> Callable[[weakref.ref[Any]], None]:
     """The weak reference's callback: the entry goes when the object does."""
-    return lambda _ref: table.pop(key, None)  # type: ignore[func-returns-value]
+
+    def forget(_ref: weakref.ref[Any]) -> None:
+        table.pop(key, None)
+
+    return forget
 
 
-def _ordered(table: dict[int, tuple[int, weakref.ref]]) -> list[Any]:
+def _ordered(table: dict[int, tuple[int, weakref.ref[Any]]]) -> list[Any]:
     out = []
     for seq, ref in sorted(table.values(), key=lambda e: e[0]):
         obj = ref()

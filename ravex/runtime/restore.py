@@ -195,7 +195,8 @@ def read_small(tree: dict[str, Any]) -> dict[str, Any]:
     deferred = _deferred(tree)
     if deferred:
         deferred[0].reader.check_objects([r.path for r in deferred])
-    return read_refs(tree, keep={id(r) for r in deferred})
+    small: dict[str, Any] = read_refs(tree, keep={id(r) for r in deferred})
+    return small
 
 
 def _plan_optimizer(plan: _InPlace, opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ def capture_rng() -> dict[str, Any]:
     """Every RNG stream a training step draws from. CUDA only if already initialised."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     cuda: list[torch.Tensor] = []
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         cuda = list(torch.cuda.get_rng_state_all())
     return {
         "python": random.getstate(),

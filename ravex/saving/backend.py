@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .logline import ms, stall_text
-from .plan import Outcomes, SavePlan
+from .plan import Outcomes, SavePlan, SavingSettings
 from .stager import Stager
 from .writer_thread import AsyncSaver, Job
 
@@ -67,7 +67,7 @@ class CheckpointBackend(ABC):
     #: write. Without it each rank writes whole trees of its own.
     multi_rank_steps: ClassVar[bool] = False
 
-    def __init__(self, url: str, as_numpy: bool, config: Any = None) -> None:
+    def __init__(self, url: str, as_numpy: bool, config: SavingSettings | None = None) -> None:
         self.url = url
         self._stager = Stager.for_config(as_numpy, config)  # skip_unchanged, full_stage_every
         self._saver = AsyncSaver(self._write, self._done)

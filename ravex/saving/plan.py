@@ -48,6 +48,32 @@ class SavePlan:
     chunk_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
+class StorageSettings(Protocol):
+    """Where checkpoints go (the runtime's ``StorageConfig``)."""
+
+    url: str
+
+    @property
+    def local_path(self) -> str | None: ...
+
+    def storage_options(self) -> dict[str, Any] | None: ...
+
+
+class SavingSettings(Protocol):
+    """The settings the pipeline reads (the runtime's ``RavexConfig`` has them all)."""
+
+    @property
+    def storage(self) -> StorageSettings: ...
+
+    backend: str
+    compression: str
+    delta: bool
+    keep_last: int | None
+    keep_every: int | None
+    skip_unchanged: bool
+    full_stage_every: int
+
+
 class Outcomes(Protocol):
     """Who hears how each checkpoint's write ended (the runtime's storage breaker)."""
 

@@ -4,16 +4,16 @@ backend cannot start on local storage."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .backend import CheckpointBackend
+from .plan import SavingSettings
 from .torch_save import TorchSaveBackend
 from .zarr import ZarrBackend
 
 logger = logging.getLogger("ravex")
 
 
-def get_backend(config: Any, rank: int = 0, world_size: int = 1) -> CheckpointBackend:
+def get_backend(config: SavingSettings, rank: int = 0, world_size: int = 1) -> CheckpointBackend:
     """Build the configured backend, falling back to ``torch_save``.
 
     A format backend that cannot start must not stop a training run; if the storage is

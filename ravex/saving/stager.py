@@ -30,9 +30,12 @@ from ravex.format.values import PLAIN_TYPES, all_plain
 from .copier import Copier, byte_view
 from .dtypes import numpy_view
 from .logline import mib
-from .plan import RowShard
+from .plan import RowShard, SavingSettings
 
 logger = logging.getLogger("ravex")
+
+#: Where a tensor is in the state tree: the keys and indices leading to it.
+Path = tuple[Any, ...]
 
 
 def _copy_cpu(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -113,11 +116,11 @@ class Stager:
         self.as_numpy = as_numpy
         self.skip_unchanged = bool(skip_unchanged)
         self.full_stage_every = full_stage_every
-        self._buffers: dict[tuple, tuple[torch.Tensor, Any]] = {}
+        self._buffers: dict[Path, tuple[torch.Tensor, Any]] = {}
         #: path -> (weakref to the source storage, identity key incl. _version) of its last copy
-        self._seen: dict[tuple, tuple[Any, tuple]] = {}
+        self._seen: dict[Path, tuple[Any, tuple[Any, ...]]] = {}
         #: path -> the probe's sample of its buffer (a buffer changes only when we copy into it)
-        self._buffer_sample: dict[tuple, bytes] = {}
+        self._buffer_sample: dict[Path, bytes] = {}
         self._stages = 0
         self._copier = Copier()
         self._warned: set[str] = set()
@@ -129,10 +132,11 @@ class Stager:
         self.full = True
 
     @classmethod
-    def for_config(cls, as_numpy: bool, config: Any = None) -> Stager:
-        """A Stager with ``config``'s ``skip_unchanged``/``full_stage_every`` (defaults if absent)."""
-        return cls(as_numpy, skip_unchanged=getattr(config, "skip_unchanged", True),
-                   full_stage_every=getattr(config, "full_stage_every", 10))
+    def for_config(cls, as_numpy: bool, config: SavingSettings | None = None) -> Stager:
+        """A Stager with ``config``'s ``skip_unchanged``/``full_stage_every`` (the defaults without one)."""
+        if config is None:
+            return cls(as_numpy)
+        return cls(as_numpy, skip_unchanged=config.skip_unchanged, full_stage_every=config.full_stage_every)
 
     def stage(self, tree: Any) -> Any:
         """Return a private copy of ``tree``; containers rebuilt, tensors into buffers."""
@@ -143,7 +147,7 @@ class Stager:
             self._warn_once("fused", "ravex: a fused optimizer (fused=True) updates tensors without "
                             "bumping their version counter; every checkpoint copies every tensor")
         self._cuda = False
-        self._probes: list[tuple[tuple, torch.Tensor, tuple[torch.Tensor, Any], int]] = []
+        self._probes: list[tuple[Path, torch.Tensor, tuple[torch.Tensor, Any], int]] = []
         try:
             out = self._walk(tree, ())
             self._check_probes()  # (reads only skipped tensors' buffers, which no copy writes)
@@ -165,7 +169,7 @@ class Stager:
         return (f"copied {self.copied_tensors}/{self.tensors} tensors, "
                 f"{mib(self.copied_bytes)} of {mib(self.nbytes)}{full}")
 
-    def _walk(self, value: Any, path: tuple) -> Any:
+    def _walk(self, value: Any, path: Path) -> Any:
         kind = type(value)
         if kind in PLAIN_TYPES:  # immutable, nothing to copy
             return value
@@ -187,7 +191,7 @@ class Stager:
             return dataclasses.replace(value, local=self._tensor(value.local, path))
         return value
 
-    def _tensor(self, tensor: torch.Tensor, path: tuple, skippable: bool = True) -> Any:
+    def _tensor(self, tensor: torch.Tensor, path: Path, skippable: bool = True) -> Any:
         src = tensor.detach()
         if src.is_sparse or src.layout != torch.strided:
             raise TypeError(f"tensor at {'/'.join(map(str, path))} has layout {src.layout}; "
@@ -294,7 +298,7 @@ def _staging_buffer(src: torch.Tensor) -> torch.Tensor:
     return flat.view(src.dtype).view(src.shape)
 
 
-def _identity(src: torch.Tensor) -> tuple[Any, tuple] | None:
+def _identity(src: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
     """``src``'s storage and what must not move for the staged bytes to still be its
     bytes; None if untrackable (no counter, no storage: a wrapper subclass)."""
     if src.is_inference():  # no version counter (its detach() reads 0 whatever is written)

@@ -20,6 +20,7 @@ from ravex.format.storage import atomic_file
 
 from .backend import CheckpointBackend
 from .logline import mib, ms
+from .plan import SavingSettings
 from .writer_thread import Job
 
 logger = logging.getLogger("ravex")
@@ -32,7 +33,7 @@ class TorchSaveBackend(CheckpointBackend):
 
     name: ClassVar[str] = "torch_save"
 
-    def __init__(self, config: Any, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, config: SavingSettings, rank: int = 0, world_size: int = 1) -> None:
         path = config.storage.local_path
         if path is None:
             raise ValueError(f"backend torch_save writes local files only, not {config.storage.url!r}")

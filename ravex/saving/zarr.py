@@ -17,6 +17,7 @@ from ravex.format.refs import refs_worth_writing, write_refs
 from .backend import CheckpointBackend, LoadedStep
 from .load import read_refs
 from .logline import mib, ms
+from .plan import SavingSettings
 from .ranks import place
 from .writer_thread import Job
 
@@ -32,7 +33,7 @@ class ZarrBackend(CheckpointBackend):
     name: ClassVar[str] = "zarr"
     multi_rank_steps: ClassVar[bool] = True
 
-    def __init__(self, config: Any, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, config: SavingSettings, rank: int = 0, world_size: int = 1) -> None:
         self.store = open_store(
             config.storage.url, create=True, storage_options=config.storage.storage_options()
         )
@@ -137,7 +138,8 @@ class ZarrBackend(CheckpointBackend):
 
     def load_step(self, step: int) -> dict[str, Any] | None:
         """The step's tree with numpy arrays (rank 0's view of a multi-rank step)."""
-        return self.store.read(step, rank=0)
+        tree: dict[str, Any] = self.store.read(step, rank=0)
+        return tree
 
     def read_step(self, step: int, rank: int = 0, world_size: int = 1) -> LoadedStep | None:
         """One process and a one-process step: the tree with its tensors as ``ArrayRef``
