@@ -247,14 +247,10 @@ def render_details(d: TensorDetails, width: int = 40, hist: bool = True) -> Text
     t.append("chunk map ", style="dim")
     t.append(chunk_map([s.status for s in d.shares], max(8, width - 10)) + "\n", style="cyan")
     t.append("          █ written  ░ shared\n", style="dim")
-    if d.error:
-        t.append(f"\ncannot read: {d.error}\n", style="bold red")
-        return t
-    s = d.stats
-    if s is None:
-        t.append("\ncomputing statistics…\n", style="dim italic")
-        return t
     t.append("\n")
+    s = _stats_or_notice(t, d, "computing statistics…")
+    if s is None:
+        return t
     t.append(f"min  {number(s.min):>11}   max {number(s.max):>11}\n")
     t.append(f"mean {number(s.mean):>11}   std {number(s.std):>11}\n")
     t.append(f"L2   {number(s.l2):>11}   ")
@@ -266,16 +262,23 @@ def render_details(d: TensorDetails, width: int = 40, hist: bool = True) -> Text
     return t
 
 
+def _stats_or_notice(t: Text, d: TensorDetails, computing: str) -> TensorStats | None:
+    """The tensor's statistics, or None after saying why there are none yet (unreadable, or
+    still being computed in a worker)."""
+    if d.error:
+        t.append(f"cannot read: {d.error}\n", style="bold red")
+        return None
+    if d.stats is None:
+        t.append(f"{computing}\n", style="dim italic")
+    return d.stats
+
+
 def render_side(d: TensorDetails) -> Text:
     """One side of a diff: the step's statistics of the tensor, compact enough for half a pane."""
     t = Text()
     t.append(f"step_{d.step}\n", style="bold")
-    if d.error:
-        t.append(f"cannot read: {d.error}\n", style="bold red")
-        return t
-    s = d.stats
+    s = _stats_or_notice(t, d, "computing…")
     if s is None:
-        t.append("computing…\n", style="dim italic")
         return t
     for label, value in (("min", s.min), ("max", s.max), ("mean", s.mean), ("std", s.std), ("L2", s.l2)):
         t.append(f"{label:<5}{number(value):>11}\n")
