@@ -30,20 +30,11 @@ ROOT_KEY = "ravex.json"
 class CheckpointStore(StoreCatalog):
     """One Ravex store. Open with :func:`open_store`."""
 
-    def writer(
-        self,
-        rank: int = 0,
-        world_size: int = 1,
-        compression: str = "none",
-        chunk_bytes: int | None = None,
-        threads: int | None = None,
-        run: str | None = None,
-        delta: bool = True,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
-    ) -> StepWriter:
-        """A writer for one rank; it keeps the delta base between commits (``delta=False``
-        stores every chunk anew each time)."""
-        return StepWriter(self, rank, world_size, compression, chunk_bytes, threads, run, delta, grace_seconds)
+    def writer(self, *args: Any, **options: Any) -> StepWriter:
+        """A writer for one rank (arguments: :class:`~ravex.format.writer.StepWriter`'s after the
+        store); it keeps the delta base between commits (``delta=False`` stores every chunk anew
+        each time)."""
+        return StepWriter(self, *args, **options)
 
     def open_step(self, step: int | str = "latest") -> StepReader:
         """A reader over one complete step (all ranks' manifests merged)."""
