@@ -1,10 +1,12 @@
 """Packs do not keep dead bytes alive (spec/FORMAT.md §13, §14).
 
-A commit covers at least LIVE_PACK_FRACTION of every pack it names: a chunk it would reuse
-from a pack it otherwise left behind (an RNG state, a frozen bias) is stored afresh, so that
-once the steps that read the rest of the pack are collected, GC deletes the pack. After GC at
-most 10% of the object bytes are read by no retained step; manifests are never rewritten,
-and GC racing a writer, both SIGKILLed at random points, loses nothing.
+A commit covers at least PACK_LIVE_FLOOR of every pack it names, and PACK_LIVE_TARGET where
+its own new bytes pay for it: a chunk it would reuse from a pack it otherwise left behind (an
+RNG state, a frozen bias) is stored afresh, so that once the steps that read the rest of the
+pack are collected, GC deletes the pack. After a training run's GC at most 10% of the object
+bytes are read by no retained step; a table in small chunks keeps small deltas and at most
+half its pack bytes dead. Manifests are never rewritten, and GC racing a writer, both
+SIGKILLed at random points, loses nothing.
 """
 
 from __future__ import annotations
