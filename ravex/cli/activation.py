@@ -1,7 +1,8 @@
 """``ravex enable``, ``ravex disable`` and ``ravex status``: the autoloader and the configuration.
 
 ``enable`` installs a ``.pth`` file that activates Ravex in scripts run where a ``ravex.yaml``
-is found; ``status`` says what would apply there, and why.
+is found; ``status`` says what would apply there, and why, and what the last run configured by
+that file did with the checkpoint it found (``ravex.runtime.runrecord``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def enabled_in() -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Version, enabled or not, the config that would apply (and why), the latest step."""
+    """Version, enabled or not, the config that would apply (and why), the latest step, and
+    the last run's resume outcome."""
+    from ravex.runtime import runrecord
     from ravex.runtime.config import RavexConfig, find_config_file
 
     print(f"ravex {__version__}")
@@ -83,6 +86,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     for key, value in config.describe().items():
         print(f"  {key:<26} {value!r:<32} [{config.source_of(key)}]")
     print(f"latest step: {_latest_step(config)}")
+    if config.config_file:
+        record = runrecord.read(config)
+        if record is None:
+            print("last run: none recorded for this store")
+        else:
+            print(f"last run: pid {record.pid}, ended {record.ended}, {record.steps} optimizer steps"
+                  f"{', crashed' if record.crashed else ''}")
+            print(f"  resume: {record.resume_line()}")
     return EXIT_OK
 
 

@@ -5,6 +5,14 @@ autoloader, shut down at exit (final checkpoint, flush) or by ``ravex.deactivate
 rerun before training touches the objects) and its checkpointing half (:mod:`.cadence`:
 count steps, take due checkpoints at step boundaries) under the lifecycle here: patches,
 signals and the excepthook installed and removed, status reported.
+
+A rerun that found a complete step to resume from and exits without ever restoring it (no
+forward pass or optimizer step after activation) trained nothing from the checkpoint, and
+whatever it saved holds the state it started with. :meth:`RavexRuntime.shutdown` says so on
+stderr, once, and records the outcome for ``ravex status`` (:mod:`.runrecord`). The script's
+exit status stays the script's: Ravex observes the run and never turns a run the script
+considers successful into a failure (a scheduler or wrapper reading that status would then
+act on a verdict that is Ravex's, not the script's); the line and ``ravex status`` carry it.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
-from . import patches
+from . import patches, runrecord
 from .cadence import Cadence
 from .config import RavexConfig
 
@@ -124,6 +133,8 @@ class RavexRuntime(Cadence):
             if self.backend is not None:
                 self.backend.flush()
                 self.backend.close()
+            if self.enabled and self.rank == 0:
+                self._report_resume()
         finally:
             self.enabled = False
             for handle in self._triggers:
@@ -136,6 +147,52 @@ class RavexRuntime(Cadence):
             if self._patches is not None:
                 self._patches.undo()
                 self._patches = None
+
+    def found_step(self) -> int | None:
+        """The complete step this run found to resume from (the one read, once one was)."""
+        if self.resumed_from is not None:
+            return self.resumed_from
+        return self._candidates[0] if self._candidates else None
+
+    def restored_step(self) -> int | None:
+        """The step restored into the live objects, None until (unless) that happened."""
+        return self.resumed_from if self._restored else None
+
+    def _report_resume(self) -> None:
+        """At exit: a found step never restored is one line on stderr; the outcome is recorded."""
+        found, restored = self.found_step(), self.restored_step()
+        if found is not None and restored is None and not self._crashed:
+            assert self.backend is not None  # steps are found through an open backend
+            logger.warning("ravex: checkpoint step %d in %s was found but NOT restored: %s",
+                           found, self.backend.url, self._why_unrestored())
+        record = runrecord.RunRecord(
+            store=runrecord.store_key(self.config),
+            ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            pid=self.pid, found=found, restored=restored, steps=self._steps_here,
+            crashed=self._crashed)
+        try:
+            runrecord.write(self.config, record)
+        except OSError as exc:
+            logger.warning("ravex: could not record this run's outcome for `ravex status`: %s", exc)
+
+    def _why_unrestored(self) -> str:
+        """The likely cause of an unrestored resume and its fix, in one sentence."""
+        counts = self.registry.counts()
+        if counts["models"] == 0 and counts["optimizers"] == 0:
+            cause = ("no model or optimizer existed to restore into; create them before the loop, "
+                     "after Ravex is active")
+        elif self._resume_loaded:
+            cause = ("every epoch the loop asked for had finished before the checkpoint, so it ran "
+                     "no forward pass or optimizer step (an epoch range the checkpoint already "
+                     "completed; or a framework with its own loop, such as HF Trainer, that took the "
+                     "finished epoch for empty data and stopped)")
+        else:
+            cause = ("the script ran no forward pass or optimizer step after Ravex started (its loop "
+                     "never ran: a range already complete, a condition never met); make the loop run "
+                     "while Ravex is active")
+        return (f"{cause}. This run trained nothing from the checkpoint, and anything it saved holds "
+                "the state it started with; to start afresh on purpose, set `resume: never` or "
+                "another storage")
 
     def _scan_existing(self) -> None:
         """``activate()`` after the model was built: find what already exists (:mod:`.scan`)."""
@@ -175,8 +232,9 @@ class RavexRuntime(Cadence):
             "schedulers": counts["schedulers"],
             "scalers": counts["scalers"],
             "dataloaders": counts["loaders"],
-            "resumed": self.resumed_from is not None,
-            "resumed_from": self.resumed_from,
+            "resumed": self.restored_step() is not None,
+            "resumed_from": self.restored_step(),
+            "resume": {"found": self.found_step(), "restored": self.restored_step()},
             "backend": backend.name if backend is not None else None,
             "storage": backend.url if backend is not None else self.config.storage.url,
             "last_checkpoint_step": self.last_checkpoint_step,
