@@ -64,6 +64,7 @@ from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
     LoadPlanner,
+    ReadItem,
     SavePlan,
     SavePlanner,
     WriteItem,
@@ -72,7 +73,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from ravex.format import ArrayShard, CheckpointStore, StepReader, UnsupportedValueError, open_store
+from ravex.format import ArrayRef, ArrayShard, CheckpointStore, StepReader, UnsupportedValueError, open_store
 from ravex.format.names import escape_key
 from ravex.format.refs import refs_worth_writing, write_refs
 from ravex.format.values import decode_value, encode_value
@@ -86,6 +87,8 @@ DOC_FORMAT = "ravex-dcp-1"
 #: Target bytes of one chunk of an array sharded along dimension 0 (the format writer's own
 #: target for arrays it chunks itself).
 SHARD_CHUNK_BYTES = 16 << 20
+#: Bytes a load reads in one go before copying them into the destination tensors.
+READ_BATCH_BYTES = 256 << 20
 
 Key = tuple[str, ...]
 
@@ -365,6 +368,7 @@ class RavexStorageReader(StorageReader):
         reader = self._reader
         if reader is None:
             raise RuntimeError("RavexStorageReader.read_data before read_metadata")
+        boxes: dict[tuple[int, int] | None, list[tuple[ReadItem, Chunk]]] = {}
         for item in plan.items:
             fqn = item.storage_index.fqn
             if item.type == LoadItemType.BYTE_IO:
@@ -377,26 +381,48 @@ class RavexStorageReader(StorageReader):
                 buffer.seek(0)
                 planner.load_bytes(item, buffer)
                 continue
-            offsets = tuple(item.storage_index.offset or ())
-            chunk = self._chunks[(fqn, offsets)]
-            lo, n = list(item.storage_offsets), list(item.lengths)
-            if chunk.sizes:
-                array = reader.read_array(chunk.array, rows=slice(lo[0], lo[0] + n[0]))
-                box = [slice(None)] + [slice(o, o + k) for o, k in zip(lo[1:], n[1:], strict=True)]
-                source = to_torch(array)[tuple(box)]
-            else:
-                source = to_torch(reader.read_array(chunk.array))
-            target = planner.resolve_tensor(item).detach()
-            if target.size() != source.size():
-                raise ValueError(
-                    f"DCP load of {fqn!r}: stored box {tuple(source.size())} does not fit "
-                    f"the destination's {tuple(target.size())}"
-                )
-            target.copy_(source)
-            planner.commit_tensor(item, target)
+            chunk = self._chunks[(fqn, tuple(item.storage_index.offset or ()))]
+            lo, n = item.storage_offsets, item.lengths
+            boxes.setdefault((lo[0], lo[0] + n[0]) if chunk.sizes else None, []).append((item, chunk))
+        # Items reading the same rows are read together (their chunks fetched in parallel), in
+        # batches of about READ_BATCH_BYTES so that a large state is not held twice in memory.
+        for rows, group in boxes.items():
+            batch: list[tuple[ReadItem, Chunk]] = []
+            size = 0
+            for i, (item, chunk) in enumerate(group):
+                batch.append((item, chunk))
+                size += math.prod(item.lengths) * _dtype_size(reader, chunk.array)
+                if size >= READ_BATCH_BYTES or i == len(group) - 1:
+                    self._read_batch(reader, planner, batch, rows)
+                    batch, size = [], 0
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def _read_batch(
+        self,
+        reader: StepReader,
+        planner: LoadPlanner,
+        batch: list[tuple[ReadItem, Chunk]],
+        rows: tuple[int, int] | None,
+    ) -> None:
+        arrays = reader.read_arrays(
+            sorted({chunk.array for _, chunk in batch}), rows=None if rows is None else slice(*rows)
+        )
+        for item, chunk in batch:
+            source = to_torch(arrays[chunk.array])
+            if rows is not None:
+                lo, n = item.storage_offsets, item.lengths
+                box = [slice(None)] + [slice(o, o + k) for o, k in zip(lo[1:], n[1:], strict=True)]
+                source = source[tuple(box)]
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != source.size():
+                raise ValueError(
+                    f"DCP load of {item.storage_index.fqn!r}: stored box {tuple(source.size())} does not "
+                    f"fit the destination's {tuple(target.size())}"
+                )
+            target.copy_(source)
+            planner.commit_tensor(item, target)
 
     def _tree(self, rank: int) -> Any:
         if rank not in self._trees:
@@ -541,6 +567,10 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"DCP document: {name!r} is not a torch dtype")
     return dtype
+
+
+def _dtype_size(reader: StepReader, array: str) -> int:
+    return ArrayRef(reader, array).dtype.itemsize
 
 
 def _is_store(checkpoint_id: str | os.PathLike[str]) -> bool:
