@@ -4,6 +4,7 @@ and the store as every other reader sees it (the CLI, stock zarr through ``refs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -248,3 +249,31 @@ def test_save_at_1_rank_loads_at_2(tmp_path):
     (tmp_path / "save.pt").rename(tmp_path / "saved.pt")
     torchrun(2, "load", tmp_path / "store", tmp_path)
     same(saved, torch.load(tmp_path / "load.pt", weights_only=False))
+
+
+async def _settle(pilot: Any) -> None:
+    """Until no worker of the app runs and every message they posted is handled."""
+    app = pilot.app
+    for _ in range(20):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not any(w.is_running for w in app.workers):
+            await pilot.pause()
+            if not any(w.is_running for w in app.workers):
+                return
+    raise AssertionError("workers never settled")
+
+
+def test_the_inspector_opens_a_dcp_store(saved_at_2):
+    from ravex.tui.app import InspectorApp
+    from ravex.tui.widgets import TensorTree
+
+    async def drive() -> None:
+        app = InspectorApp(str(saved_at_2 / "store"))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await _settle(pilot)
+            assert [s.step for s in app.summaries] == [0] and app.step == 0
+            groups = [str(n.label).split(" ")[0] for n in app.query_one(TensorTree).root.children]
+            assert groups == ["cols", "meta", "model", "optim"], groups
+
+    asyncio.run(drive())
