@@ -23,9 +23,13 @@ This module imports nothing heavy: torch is imported by the calls that need it.
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from ravex.version import __version__
+
+T = TypeVar("T")
 
 __all__ = [
     "__version__",
@@ -35,6 +39,7 @@ __all__ = [
     "flush",
     "is_active",
     "load",
+    "loop",
     "status",
     "step",
 ]
@@ -106,6 +111,29 @@ def step() -> int:
 
     runtime = lifecycle.get_runtime()
     return runtime.step if runtime is not None else 0
+
+
+def loop(iterable: Iterable[T]) -> Iterable[T]:
+    """``iterable``, its position saved with every checkpoint and resumed on a rerun::
+
+        for epoch in ravex.loop(range(epochs)):
+            for batch, i in ravex.loop(enumerate(range(0, n, bptt))):
+
+    For loops whose position Ravex cannot see (a ``range``, batches sliced by hand): a
+    rerun skips the iterations that had finished, restores the checkpoint where it was
+    taken, at the start of an iteration, and runs on from there. Each iteration start is a
+    step boundary, and a loop with no ``torch.optim`` optimizer counts the innermost
+    wrapped loop's iterations as its steps. Wrap the whole iterable (``enumerate``
+    included). Inactive, it returns ``iterable`` itself.
+    """
+    from ravex.runtime import lifecycle
+
+    runtime = lifecycle.get_runtime()
+    if runtime is None or not runtime.enabled:
+        return iterable
+    from ravex.runtime.loops import Loop, call_site
+
+    return Loop(runtime, iterable, call_site(sys._getframe(1)))
 
 
 def status() -> dict[str, Any]:

@@ -7,7 +7,12 @@ marks a checkpoint *due*; it is taken at the next step boundary, which is the ne
 body of the finished step has run (``scheduler.step()``, logging, RNG draws after the
 optimizer step), so the saved state is exactly "between two steps". Loops without a
 DataLoader get theirs at the next forward pass (a loop that runs a forward between two
-optimizers' steps is then checkpointed between them; give it a DataLoader for exactness).
+optimizers' steps is then checkpointed between them; give it a DataLoader for exactness),
+and a loop wrapped in ``ravex.loop`` at the start of its next iteration (:mod:`.loops`),
+which also counts the steps of a loop that has no ``torch.optim`` optimizer.
+
+A script that runs backward passes but neither steps an optimizer nor wraps its loop
+would never be checkpointed; it is told so once, within its first steps.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
 from .distributed import collectives, layout
+from .loops import ADVICE, Loop, main_loop_site
 from .plan import collect
 from .registry import KINDS, LoaderState
 from .resume import Resume
@@ -55,6 +61,9 @@ class Cadence(Resume):
         self._prepared_writes = False
         self._keepalive: dict[int, Any] = {}
         self._forward_hook: Any = None
+        self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
+        self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
+        self._watch: _SilentWatch | None = None
 
     def _open_backend(self) -> bool:
         from ravex.saving.selection import get_backend
@@ -84,6 +93,12 @@ class Cadence(Resume):
         self.registry.set_optimizer_steps(optimizer, n)
         if n <= self.step:
             return
+        self._count_step(n)
+        if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
+            self._await_next_forward()
+
+    def _count_step(self, n: int) -> None:
+        """Step ``n`` is done: count it, and mark a checkpoint due on the interval or clock."""
         self.step = n
         self._steps_here += 1
         if self._steps_here == 1:
@@ -92,8 +107,45 @@ class Cadence(Resume):
         if every and n % every == 0:
             self._due = True
         self._check_time()
-        if (self._due or self._exit_signal is not None) and not self._loader_active():
-            self._await_next_forward()
+
+    def loop_boundary(self, loop: Loop, ran: bool) -> None:
+        """A wrapped loop is about to fetch its next item: the step boundary. ``ran``: an
+        iteration of it has just finished, which is a step when it ran no nested wrapped
+        loop and there is no optimizer to count steps."""
+        if not self.enabled:
+            return
+        if ran:
+            self._loops_pending(loop)
+        if ran and not loop.nested and not self.registry.live("optimizers"):
+            self._count_step(self.step + 1)
+        elif not self._due:
+            self._check_time()
+        if self._due or self._exit_signal is not None:
+            self._clear_forward_hook()
+            self._at_loop = loop
+            try:
+                self._boundary(None)
+            finally:
+                self._at_loop = None
+
+    def leave_loop(self, loop: Loop, finished: bool) -> None:
+        """A wrapped loop ended (or was left by ``break``, an exception, the generator's close)."""
+        if loop in self.loops:
+            self.loops.remove(loop)
+        if finished and self.enabled:
+            self._loops_pending(loop)
+            if not self.loops:
+                self._loop_ended = {"site": loop.site, "at": loop.yielded, "boundary": True}
+
+    def _loop_positions(self) -> list[dict[str, Any]]:
+        """Where each running wrapped loop stands, outermost first (:mod:`.loops`): the loop
+        taking the checkpoint at its boundary resumes at its next iteration, every other at
+        the iteration in progress. With none running, the last outermost one that ended."""
+        if not self.loops:
+            return [self._loop_ended] if self._loop_ended is not None else []
+        return [{"site": loop.site, "boundary": loop is self._at_loop,
+                 "at": loop.yielded if loop is self._at_loop else max(loop.yielded - 1, 0)}
+                for loop in self.loops]
 
     def _await_next_forward(self) -> None:
         """No DataLoader to mark the step boundary: use the next forward pass instead.
@@ -244,7 +296,7 @@ class Cadence(Resume):
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
         """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`: the
         tree, this rank's layout, and the chunk size of each sparsely updated table."""
-        tree = collect(self.registry, self.step, st)
+        tree = collect(self.registry, self.step, st, self._loop_positions())
         rank_layout = None
         if backend.multi_rank_steps:  # ranks, shards: who writes what
             tree, rank_layout = layout.lay_out(tree, self.rank, self.world_size)
@@ -258,6 +310,8 @@ class Cadence(Resume):
             self.backend.flush()
 
     def _install_signals(self) -> None:
+        """The signal handlers, and the watch for a loop that nothing would checkpoint."""
+        self._watch = _SilentWatch(self)
         if self.world_size > 1:  # decisions all ranks must share go through one poll
             self._poll = collectives.Poll(self.config.checkpoint_every_seconds)
         if threading.current_thread() is not threading.main_thread():
@@ -270,6 +324,9 @@ class Cadence(Resume):
                 logger.warning("ravex: cannot handle %s: %s", name, exc)
 
     def _restore_signals(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
         for signum, previous in self._signals.items():
             try:
                 if signal.getsignal(signum) == self._on_signal:
@@ -309,3 +366,68 @@ class Cadence(Resume):
         logger.warning("ravex: %s received at step %d; checkpointing at the next step "
                        "boundary, then exiting", signal.Signals(signum).name, self.step)
 
+
+
+class _SilentWatch:
+    """Tells a script once, within its first steps, that nothing is being saved: it runs
+    backward passes but never steps a ``torch.optim`` optimizer and wraps no loop in
+    ``ravex.loop``, so no step is ever counted.
+
+    Cheap by construction: a global forward pre-hook only until the first backward pass
+    (it puts a post-accumulate-grad hook on one parameter of each module it sees), then
+    that one hook per backward pass, all removed once the verdict is in.
+    """
+
+    #: backward passes before the verdict
+    AFTER = 3
+
+    def __init__(self, cadence: Cadence) -> None:
+        import torch
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self.grad_enabled = torch.is_grad_enabled
+        self.cadence = cadence
+        self.backwards = 0
+        self.counted: int | None = None  # id of the parameter whose hook counts the passes
+        self.armed: set[int] = set()
+        self.handles: list[Any] = []
+        self.forward: Any = register_module_forward_pre_hook(self._arm)
+
+    def _arm(self, module: Any, args: Any) -> None:
+        if not self.grad_enabled() or len(self.armed) >= 64:
+            return
+        for param in module.parameters(recurse=False):
+            if param.requires_grad:
+                if id(param) not in self.armed:
+                    self.armed.add(id(param))
+                    self.handles.append(param.register_post_accumulate_grad_hook(self._backward))
+                return
+
+    def _backward(self, param: Any) -> None:
+        if self.counted is None:
+            self.counted = id(param)
+            self._drop_forward()
+        if id(param) != self.counted:
+            return
+        self.backwards += 1
+        cadence = self.cadence
+        if cadence.loops_used or cadence.step > 0 or not cadence.enabled:
+            self.close()
+        elif self.backwards >= self.AFTER:
+            site = main_loop_site()
+            logger.warning("ravex: nothing is being saved: %d backward passes and no torch.optim "
+                           "optimizer step, so no training step is counted and no checkpoint "
+                           "taken; `%s` around the training loop's iterable%s counts its "
+                           "iterations as steps", self.backwards, ADVICE,
+                           f" (the loop at {site})" if site else "")
+            self.close()
+
+    def _drop_forward(self) -> None:
+        forward, self.forward = self.forward, None
+        if forward is not None:
+            forward.remove()
+
+    def close(self) -> None:
+        self._drop_forward()
+        while self.handles:
+            self.handles.pop().remove()

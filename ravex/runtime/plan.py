@@ -9,6 +9,7 @@ backend stages them). Tree layout (lists are indexed by creation order)::
     schedulers  [{"type", "state"}]      scalers  [{"type", "state"}]
     loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
                   "active", "epoch_rng"}]
+    loops       [{"site", "at", "boundary"}]   the ravex.loop positions, outermost first
     rng         {"python", "numpy", "torch", "cuda": [...]}
 """
 
@@ -24,8 +25,10 @@ from .rng import capture_rng
 TREE_FORMAT = 1
 
 
-def collect(registry: Registry, step: int, active_loader: LoaderState | None) -> dict[str, Any]:
-    """The whole training state as one tree, tensors aliasing live memory."""
+def collect(registry: Registry, step: int, active_loader: LoaderState | None,
+            loops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole training state as one tree, tensors aliasing live memory; ``loops`` are
+    the wrapped loops' positions (:mod:`.loops`)."""
     tree: dict[str, Any] = {"ravex": {"step": step, "format": TREE_FORMAT}}
     tree["models"] = [
         {"type": type(m).__name__, "state": dict(m.state_dict())} for m in registry.models()
@@ -59,6 +62,7 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None) ->
             }
         )
     tree["loaders"] = loaders
+    tree["loops"] = loops
     tree["rng"] = capture_rng()
     return tree
 

@@ -5,6 +5,11 @@ A DataLoader resumes where it was: epochs already finished pass through empty (t
 ``for epoch`` loop runs on), and the interrupted epoch replays the RNG state it started
 with, so the shuffle order and worker seeds are the same, then skips the consumed batches
 at the sampler. Several ranks first agree on a step every one of them holds.
+
+A loop wrapped in ``ravex.loop`` resumes where it was (:mod:`.loops`): its finished
+iterations are skipped, and the checkpoint is restored where it was taken, at the start of
+the iteration that was next. A rerun that can find neither a DataLoader's position nor a
+wrapped loop's says so once, naming the loop it is in.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ravex.saving.backend import CheckpointBackend
 from . import patches, restore, rng
 from .config import RavexConfig
 from .distributed import collectives, layout
+from .loops import ADVICE, Entry, Loop, main_loop_site
 from .registry import LoaderState, Registry
 
 logger = logging.getLogger("ravex")
@@ -57,6 +63,11 @@ class Resume:
         self._resume_loaded = False
         self._load_seconds = 0.0
         self._restored = True
+        self.loops: list[Loop] = []  # the wrapped loops running now, outermost first
+        self.loops_used = False
+        self._resume_loops: list[dict[str, Any]] | None = None  # saved positions not yet entered
+        self._loops_matched = 0  # how many of them this run has entered
+        self._loops_skipped = False
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -113,6 +124,7 @@ class Resume:
             self.resumed_from = step
             self._resume_tree = tree
             self._resume_loaders = list(tree.get("loaders", []))
+            self._resume_loops = [dict(e) for e in tree.get("loops", [])]
             self._load_seconds = time.perf_counter() - started
             return tree
         return None
@@ -156,6 +168,61 @@ class Resume:
         logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
                     (time.perf_counter() - started) * 1000)
+        if not (self.loops_used or tree.get("loops")
+                or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
+            site = main_loop_site()
+            logger.warning("ravex: resumed step %d, but the position of the loop%s is unknown (no "
+                           "DataLoader, no ravex.loop): it starts over on the restored state; "
+                           "`%s` around its iterable makes the resume exact", self.step,
+                           f" at {site}" if site else "", ADVICE)
+
+    def enter_loop(self, loop: Loop) -> Entry:
+        """A wrapped loop starts: on a resume, how many iterations it skips and whether the
+        checkpoint is restored before its first one (:mod:`.loops`)."""
+        loop.depth = len(self.loops)
+        if self.loops:
+            self.loops[-1].nested = True
+        self.loops.append(loop)
+        self.loops_used = True
+        if self._resume_loops is None and not self._restored:
+            self._load_resume()
+            self._restore_at_loops()
+        saved = self._resume_loops
+        if not saved or loop.depth != self._loops_matched:
+            return Entry()
+        here = saved[loop.depth]
+        if here["site"] != loop.site:
+            self._loops_lost(f"this run's loop at depth {loop.depth} is at {loop.site} but the "
+                             f"checkpoint's is at {here['site']}")
+            return Entry()
+        self._loops_matched += 1
+        skip = int(here["at"])
+        self._loops_skipped = self._loops_skipped or skip > 0
+        if self._loops_matched < len(saved):
+            return Entry(skip)
+        self._resume_loops = []
+        return Entry(skip, restore=bool(here.get("boundary")))
+
+    def _restore_at_loops(self) -> None:
+        """A checkpoint taken at a wrapped loop's boundary is restored there, not at the
+        first forward or optimizer step: the restore triggers go."""
+        if self._resume_loops and any(e.get("boundary") for e in self._resume_loops):
+            for handle in self._triggers:
+                handle.remove()
+            self._triggers.clear()
+
+    def _loops_lost(self, why: str) -> None:
+        """The saved loop positions do not match this run's loops: say so, restore now."""
+        self._resume_loops = []
+        logger.warning("ravex: cannot resume the wrapped loops where they stood: %s; the "
+                       "checkpoint is restored here and the loops run from where they are", why)
+        self.ensure_restored()
+
+    def _loops_pending(self, loop: Loop) -> None:
+        """A matched loop moves on or ends while a loop it holds was never entered."""
+        if self._resume_loops and loop.depth < self._loops_matched:
+            self._loops_lost(f"the loop at {self._resume_loops[self._loops_matched]['site']} "
+                             f"was not reached inside {loop.site}")
 
     def _loader_entry(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
         if st.resume_checked or (self._restored and self._resume_loaders is None):
@@ -180,6 +247,8 @@ class Resume:
             return original(loader)
         epoch = st.epoch + 1
         entry = self._loader_entry(loader, st)
+        if entry is not None and self._loops_skipped and st.epoch < 0:
+            epoch = max(epoch, int(entry["epoch"]))  # the wrapped loops skipped its finished epochs
         if entry is not None and epoch <= entry["epoch"]:
             if epoch < entry["epoch"]:  # finished before the kill: pass through empty
                 st.resume_checked = False  # look again at the next epoch

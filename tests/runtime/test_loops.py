@@ -1,0 +1,128 @@
+"""``ravex.loop`` and the loops Ravex cannot save (issue 14 items 4 and 5), with a trainee
+of word_language_model's shape (lm_trainee.py): loops inside a function over hand-sliced
+batches, with an optimizer or with parameters updated by hand.
+
+Killed with SIGKILL at random steps and rerun, the wrapped script ends bitwise equal to an
+uninterrupted run without Ravex; unwrapped, it is told so once at resume (with an
+optimizer) or within its first steps (without one).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from . import harness
+
+LM = Path(__file__).with_name("lm_trainee.py")
+EVERY = 5
+STEPS = 72  # 3 epochs x 24 batches
+ADVICE = "ravex.loop(range(...))"
+
+
+def _inner_loop_line() -> int:
+    lines = LM.read_text().splitlines()
+    return next(n for n, text in enumerate(lines, 1) if text.rstrip().endswith("# the inner loop"))
+
+
+def _workdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 3\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def lm_reference(tmp_path_factory):
+    """The uninterrupted run without Ravex, with an optimizer (``sgd=False``) or without."""
+    cache: dict[bool, tuple[harness.Result, dict]] = {}
+
+    def get(sgd: bool) -> tuple[harness.Result, dict]:
+        if sgd not in cache:
+            cwd = tmp_path_factory.mktemp(f"lm-reference-{'sgd' if sgd else 'opt'}")
+            out = cwd / "final.pt"
+            env = harness.child_env(T_ENTRY="none", T_LOOP="1", T_SGD="1" if sgd else "0",
+                                    T_OUT=str(out))
+            result = harness.run([harness.PYTHON, str(LM)], cwd, env)
+            assert result.returncode == 0, result.explain()
+            cache[sgd] = (result, torch.load(out, weights_only=False))
+        return cache[sgd]
+
+    return get
+
+
+def _seeded() -> random.Random:
+    import os
+
+    seed = int(os.environ.get("RAVEX_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"kill-point seed {seed} (rerun with RAVEX_TEST_SEED={seed})")
+    return random.Random(seed)
+
+
+def _kill_and_rerun(cwd: Path, kill_step: int, **env: str) -> tuple[harness.Result, harness.Result, dict]:
+    argv = [harness.PYTHON, str(LM)]
+    base = dict(T_ENTRY="activate", **env)
+    first = harness.run(argv, cwd, harness.child_env(**base, T_BLOCK_AT=f"step:{kill_step}"),
+                        kill_on="BLOCKED")
+    assert first.returncode == -signal.SIGKILL and not first.timed_out, first.explain()
+    out = cwd / "final.pt"
+    second = harness.run(argv, cwd, harness.child_env(**base, T_OUT=str(out)))
+    assert second.returncode == 0, second.explain()
+    return first, second, torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("sgd", [False, True], ids=["optimizer", "hand-sgd"])
+def test_wrapped_loops_resume_bitwise_after_sigkill(tmp_path, sgd, lm_reference):
+    """Several trials: each kill point resumes at the step its last checkpoint holds, runs
+    only the steps after it (printed batch numbers continue) and ends bitwise equal."""
+    ref, ref_state = lm_reference(sgd)
+    rng = _seeded()
+    for trial in range(3):
+        kill_step = rng.randrange(EVERY + 1, STEPS - 1)
+        cwd = _workdir(tmp_path / f"trial-{trial}")
+        first, second, state = _kill_and_rerun(cwd, kill_step, T_LOOP="1", T_SGD=str(int(sgd)))
+        assert first.losses == ref.losses[:kill_step]
+        # a checkpoint due after step k is taken at the start of step k + 1
+        resumed = (kill_step - 1) // EVERY * EVERY
+        assert second.resumed_from == resumed, second.explain()
+        loss_lines = [line for line in ref.stdout if line.startswith("LOSS ")]
+        assert [line for line in second.stdout if line.startswith("LOSS ")] == loss_lines[resumed:], (
+            f"trial {trial}: killed at step {kill_step}, the rerun did not run exactly steps "
+            f"{resumed + 1}..{STEPS}")
+        epochs_after = [line for line in ref.stdout if line.startswith("EPOCH ")][(resumed - 1) // 24:]
+        assert [line for line in second.stdout if line.startswith("EPOCH ")] == epochs_after
+        harness.assert_same_state(state, ref_state)
+        assert "position of the loop" not in second.stderr and "nothing is being saved" not in (
+            first.stderr + second.stderr)
+
+
+def test_unwrapped_loop_is_told_once_at_resume(tmp_path):
+    """Hand-sliced batches, an optimizer, no ravex.loop: the rerun restores the weights
+    but cannot find the loop's position, and says so once, naming the loop's line."""
+    _, second, _ = _kill_and_rerun(_workdir(tmp_path), 13, T_LOOP="0")
+    assert second.resumed_from == 10, second.explain()
+    advice = [line for line in second.stderr.splitlines() if ADVICE in line]
+    assert len(advice) == 1, second.explain()
+    assert f"lm_trainee.py:{_inner_loop_line()}" in advice[0]
+    assert "position of the loop" in advice[0]
+
+
+def test_hand_sgd_without_loop_is_told_nothing_is_saved(tmp_path):
+    """No optimizer, no ravex.loop: nothing would ever be checkpointed. One line says so
+    within the first steps, with the fix and the loop's line; no checkpoint is written."""
+    cwd = _workdir(tmp_path)
+    result = harness.run([harness.PYTHON, str(LM)], cwd,
+                         harness.child_env(T_ENTRY="activate", T_LOOP="0", T_SGD="1"),
+                         kill_on=r"LOSS .* batch 5$")
+    told = [line for line in result.stderr.splitlines() if "nothing is being saved" in line]
+    assert len(told) == 1, result.explain()
+    assert ADVICE in told[0] and f"lm_trainee.py:{_inner_loop_line()}" in told[0]
+    done = harness.run([harness.PYTHON, str(LM)], cwd,
+                       harness.child_env(T_ENTRY="activate", T_LOOP="0", T_SGD="1"))
+    assert done.returncode == 0, done.explain()
+    assert len(re.findall("nothing is being saved", done.stderr)) == 1
+    assert not (cwd / "ckpt" / "steps").exists() or not any((cwd / "ckpt" / "steps").iterdir())
