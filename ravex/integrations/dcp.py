@@ -153,8 +153,8 @@ class RavexStorageWriter(StorageWriter):
         self.step = step
         self.compression = compression
         self.storage_options = storage_options
-        self._is_coordinator = False
-        self._local_whole: set[str] = set()
+        self._rank = 0
+        self._local_whole: dict[str, tuple[Any, ...]] = {}
         self._plan: RankPlan | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -163,23 +163,27 @@ class RavexStorageWriter(StorageWriter):
         self._plan = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self._is_coordinator = is_coordinator
+        self._rank = int(kwargs.get("rank", 0))  # DCP passes it to a method that takes **kwargs
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.url)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        # Remembered on the coordinator: the whole tensors and values it can write itself.
-        self._local_whole = {item.index.fqn for item in plan.items if _is_whole(item)}
+        # Kept for the coordinator's global plan: the whole tensors and values this rank holds.
+        self._local_whole = {item.index.fqn: _signature(item) for item in plan.items if _is_whole(item)}
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         world = len(plans)
         items = [list(p.items) for p in plans]
+        mine = self._local_whole if self._rank == 0 else {}  # the coordinator is rank 0 under dcp.save
+
+        def rank_0_holds(item: WriteItem) -> bool:
+            return _is_whole(item) and mine.get(item.index.fqn) == _signature(item)
+
         for r in range(1, world):  # rank 0 writes every whole tensor and value it holds too
-            moved = [i for i in items[r] if _is_whole(i) and i.index.fqn in self._local_whole]
-            items[r] = [i for i in items[r] if not (_is_whole(i) and i.index.fqn in self._local_whole)]
-            items[0].extend(moved)
+            items[0].extend(i for i in items[r] if rank_0_holds(i))
+            items[r] = [i for i in items[r] if not rank_0_holds(i)]
         keys: dict[str, Key] = {}
         for p in plans:
             if isinstance(p.planner_data, dict):
@@ -257,7 +261,8 @@ class RavexStorageWriter(StorageWriter):
                 _insert(tree, keys, array, fqn)
             elif layout.kind == "rows":
                 held.add(fqn)
-                shard = ArrayShard(array, layout.shape, offsets[0], layout.chunk_rows)
+                start = offsets[0] if array.shape[0] else 0  # an empty shard may sit past the end
+                shard = ArrayShard(array, layout.shape, start, layout.chunk_rows)
                 _insert(tree, keys, shard, fqn)
             else:
                 _insert(tree, (*keys, _piece_key(offsets)), array, fqn)
@@ -444,6 +449,12 @@ def _is_whole(item: WriteItem) -> bool:
         return True
     td = item.tensor_data
     return td is not None and not any(td.chunk.offsets) and tuple(td.chunk.sizes) == tuple(td.size)
+
+
+def _signature(item: WriteItem) -> tuple[Any, ...]:
+    """What must match for rank 0's copy of a whole item to stand in for another rank's."""
+    td = item.tensor_data
+    return (item.type,) if td is None else (item.type, tuple(td.size), td.properties.dtype)
 
 
 def _layouts(items: Sequence[Sequence[WriteItem]], keys: dict[str, Key]) -> dict[str, TensorLayout]:
