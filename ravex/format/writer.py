@@ -60,7 +60,7 @@ PACK_TARGET_BYTES = 4 << 20
 #: Pack liveness (spec/FORMAT.md §13). A commit stores afresh the chunks it would reuse from a
 #: pack it covers less than PACK_LIVE_FLOOR of (re-storing them costs fewer bytes than the pack
 #: then frees), and from a pack it covers less than PACK_LIVE_TARGET of while the bytes so
-#: re-stored stay within the commit's own new bytes (sparsest packs first). So every manifest
+#: re-stored stay within the commit's own new packed bytes (sparsest packs first). So every manifest
 #: covers at least the floor of each pack it names, and the target where most of its state
 #: changed, as in training, which leaves at most ``1 - PACK_LIVE_TARGET`` of a pack dead after GC.
 PACK_LIVE_TARGET = 0.9
@@ -175,16 +175,17 @@ class StepWriter:
         self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
         self.delta = delta  # False: every commit stores every chunk anew (no reuse)
         self._base: dict[str, dict[str, ChunkRef]] | None = None if delta else {}
-        #: bytes of each pack object that the base's chunk entries cover
-        self._base_packs: dict[str, int] = {}
+        #: per pack object the base names: the bytes its chunk entries cover, and where the
+        #: last of them ends (a lower bound of the pack's size)
+        self._base_packs: dict[str, tuple[int, int]] = {}
         #: GC's grace period. A base from this writer's own last manifest is trusted only
         #: while that step is complete or younger than half of it: GC drops incomplete
         #: steps (a rank that failed its part) once they are older than the grace.
         self.grace_seconds = grace_seconds
         self._base_step: int | None = None
         self._base_at = 0.0
-        #: sizes of the pack objects this writer has written or looked up (a name is a content
-        #: hash, so an entry never goes stale), kept for the packs its last manifest names
+        #: sizes of the pack objects this writer has written (a name is a content hash, so an
+        #: entry never goes stale), kept for the packs its last manifest names
         self._pack_sizes: dict[str, int] = {}
 
     def close(self) -> None:
@@ -198,7 +199,7 @@ class StepWriter:
 
     # ---- delta base --------------------------------------------------------------------
 
-    def _load_base(self) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, int]]:
+    def _load_base(self) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, tuple[int, int]]]:
         latest = self.store.latest_step()
         if latest is None:
             return {}, {}
@@ -339,10 +340,7 @@ class StepWriter:
             self.store.storage.discard(pending)
             raise
         packed = {r.identity: len(r.data) for _, _, (r, _fresh) in results if isinstance(r, _Small)}
-        new_bytes = sum(packed.values()) + sum(
-            r.size for _, _, (r, fresh) in results if fresh and isinstance(r, ChunkRef) and r.object
-        )
-        sparse = self._sparse_packs((ref for _, _, (ref, fresh) in results if not fresh), new_bytes)
+        sparse = self._sparse_packs((ref for _, _, (ref, fresh) in results if not fresh), sum(packed.values()))
         if sparse:
             raws: dict[str, dict[str, memoryview]] = {}
             for i, (arr, key, (ref, fresh)) in enumerate(results):
@@ -430,7 +428,7 @@ class StepWriter:
         """The packs whose chunks among ``reused`` this commit stores afresh instead: those it
         covers less than PACK_LIVE_FLOOR of, then, sparsest first, those it covers less than
         PACK_LIVE_TARGET of while the bytes re-stored for them total at most ``budget`` (the
-        commit's new bytes).
+        commit's new packed bytes: its packs at most double).
 
         A pack this commit would name for a few chunks (an RNG state, a frozen bias, while
         the rest of the pack changed) would stay alive for them after GC has collected the
@@ -441,33 +439,22 @@ class StepWriter:
         nearly every commit.
 
         Only a pack of which this commit covers fewer bytes than its base did is measured
-        (so unchanged state costs no storage request); its size is known when this writer
-        wrote it, else read once. A pack whose size cannot be read counts as sparse:
-        storing chunks afresh is always safe.
+        (unchanged state passed when its base was committed). No storage request is made: a
+        pack's size is known when this writer wrote it; for one written before (by a run this
+        one resumed) the end of its last chunk the base names stands in, a lower bound.
         """
         used: dict[str, dict[int, int]] = {}
         for ref in reused:
             if isinstance(ref, ChunkRef) and ref.object is not None and ref.offset is not None:
                 used.setdefault(ref.object, {})[ref.offset] = ref.size  # a chunk used twice counts once
-        # A pack the base covered no more of passed the floor when the base was committed.
-        used = {name: ranges for name, ranges in used.items() if sum(ranges.values()) < self._base_packs.get(name, 0)}
+        covered = []
+        for name, ranges in used.items():
+            live = sum(ranges.values())
+            base_live, base_end = self._base_packs.get(name, (0, 0))
+            if live < base_live:
+                covered.append((live / self._pack_sizes.get(name, base_end), live, name))
         sparse: set[str] = set()
-
-        def size_of(name: str) -> int | None:
-            try:
-                return self.store.storage.size(object_key(name))
-            except (RavexError, OSError):
-                return None
-
-        unknown = [name for name in used if name not in self._pack_sizes]
-        for name, size in zip(unknown, self._pool.map(size_of, unknown), strict=True):
-            if size is None:
-                sparse.add(name)
-            else:
-                self._pack_sizes[name] = size
-        covered = sorted((sum(ranges.values()) / self._pack_sizes[name], sum(ranges.values()), name)
-                         for name, ranges in used.items() if name not in sparse)
-        for fraction, live, name in covered:
+        for fraction, live, name in sorted(covered):
             if fraction < PACK_LIVE_FLOOR:
                 sparse.add(name)
             elif fraction < PACK_LIVE_TARGET and live <= budget:
@@ -627,10 +614,10 @@ def _encode_again(arr: _PlannedArray, raw: memoryview, ref: ChunkRef) -> _Small:
     return _Small(ref.raw, pipe.codecs_json, bytes(pipe.encode(raw)))
 
 
-def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, int]]:
+def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, tuple[int, int]]]:
     """A step's chunks by codec chain, then by raw digest: what a commit may reuse (keyed in
-    two levels so that a lookup builds no tuple: a sparse table looks up ~400k chunks); and the
-    bytes of each pack object that its chunk entries cover."""
+    two levels so that a lookup builds no tuple: a sparse table looks up ~400k chunks); and per
+    pack object it names, the bytes its chunk entries cover and where the last of them ends."""
     index: dict[str, dict[str, ChunkRef]] = {}
     ranges: dict[str, dict[int, int]] = {}
     for entry in manifest.arrays.values():
@@ -639,7 +626,7 @@ def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], di
         for ref in entry.chunks.values():
             if ref.offset is not None and ref.object is not None:
                 ranges.setdefault(ref.object, {})[ref.offset] = ref.size
-    return index, {name: sum(r.values()) for name, r in ranges.items()}
+    return index, {name: (sum(r.values()), max(o + n for o, n in r.items())) for name, r in ranges.items()}
 
 
 def _zarr_json(arr: _PlannedArray) -> dict[str, Any]:
