@@ -33,15 +33,19 @@ def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
-def columns(fill: torch.Tensor) -> torch.Tensor:
-    """A tensor sharded along dimension 1 at several ranks (stored one array per piece)."""
+def extra(fill: float) -> dict[str, torch.Tensor]:
+    """Tensors sharded otherwise than FSDP2 does at several ranks: along dimension 1 (stored one
+    array per piece) and one row along dimension 0 (the other rank's shard is empty)."""
+    cols = torch.arange(24, dtype=torch.float64).reshape(4, 6) * fill
+    tiny = torch.arange(3, dtype=torch.int64).reshape(1, 3) * int(fill)
     world = dist.get_world_size()
     if world == 1:
-        return fill
+        return {"cols": cols, "tiny": tiny}
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    return distribute_tensor(fill, init_device_mesh("cpu", (world,)), [Shard(1)])
+    mesh = init_device_mesh("cpu", (world,))
+    return {"cols": distribute_tensor(cols, mesh, [Shard(1)]), "tiny": distribute_tensor(tiny, mesh, [Shard(0)])}
 
 
 def main() -> None:
@@ -57,21 +61,18 @@ def main() -> None:
             opt.step()
             opt.zero_grad()
         msd, osd = get_state_dict(model, opt)
-        cols = columns(torch.arange(24, dtype=torch.float64).reshape(4, 6))
-        state = {"model": msd, "optim": osd, "meta": {"epoch": 3, "tag": "dcp"}, "cols": cols}
+        state = {"model": msd, "optim": osd, "meta": {"epoch": 3, "tag": "dcp"}, "extra": extra(1.0)}
         dcp.save(state, storage_writer=RavexStorageWriter(store))
     else:
         model, opt = build(123)
         msd, osd = get_state_dict(model, opt)
-        cols = columns(torch.zeros(4, 6, dtype=torch.float64))
-        state = {"model": msd, "optim": osd, "meta": {"epoch": 0, "tag": ""}, "cols": cols}
+        state = {"model": msd, "optim": osd, "meta": {"epoch": 0, "tag": ""}, "extra": extra(0.0)}
         dcp.load(state, storage_reader=RavexStorageReader(store))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     full = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    cols = state["cols"]
-    cols = cols.full_tensor() if hasattr(cols, "full_tensor") else cols
+    whole = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state["extra"].items()}
     if rank == 0:
-        result = {"model": full[0], "optim": full[1], "meta": state["meta"], "cols": cols}
+        result = {"model": full[0], "optim": full[1], "meta": state["meta"], "extra": whole}
         torch.save(result, os.path.join(out, f"{mode}.pt"))
     dist.barrier()
     dist.destroy_process_group()

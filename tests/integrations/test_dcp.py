@@ -174,7 +174,8 @@ def test_a_step_written_without_dcp_is_refused_with_the_way_to_read_it(tmp_path)
 
 @pytest.fixture(scope="module")
 def saved_at_2(tmp_path_factory):
-    """A 2-rank FSDP2 save (dimension-0 shards, one tensor sharded on dimension 1)."""
+    """A 2-rank FSDP2 save (dimension-0 shards), with a tensor sharded on dimension 1 and one
+    whose second shard is empty."""
     out = tmp_path_factory.mktemp("dcp-2")
     torchrun(2, "save", out / "store", out)
     return out
@@ -199,7 +200,8 @@ def test_a_dimension_0_shard_is_one_global_array(saved_at_2):
         reader.read_array("optim/state/2.weight/exp_avg"), saved["optim"]["state"]["2.weight"]["exp_avg"].numpy()
     )
     # sharded on dimension 1: one array per piece, named by its offsets in the global tensor
-    assert {"cols/offset-0.0", "cols/offset-0.3"} <= set(reader.arrays)
+    assert {"extra/cols/offset-0.0", "extra/cols/offset-0.3"} <= set(reader.arrays)
+    assert reader.arrays["extra/tiny"].shape == (1, 3)  # rank 1's shard is empty
     # rank 0's tree names every tensor of the model and optimizer
     tree = reader.tree(0)
     assert set(tree["model"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
@@ -215,8 +217,8 @@ def test_the_cli_reads_a_dcp_store(saved_at_2):
     rc, shown = cli("show", "--json", f"{url}@latest", "model/2.weight")
     assert rc == 0 and "model/2.weight" in json.dumps(shown), shown
     rc, diff = cli("diff", "--json", f"{url}@0", "0")
-    arrays = len(open_store(url).open_step(0).arrays)  # 16 of model and optimizer, 2 pieces of cols
-    assert rc == 0 and diff["summary"] == {"unchanged": arrays} and arrays == 18, diff
+    arrays = len(open_store(url).open_step(0).arrays)  # 16 of model and optimizer, 2 pieces of cols, tiny
+    assert rc == 0 and diff["summary"] == {"unchanged": arrays} and arrays == 19, diff
 
 
 def test_stock_zarr_reads_a_tensor_through_refs_json(saved_at_2, tmp_path):
@@ -274,6 +276,6 @@ def test_the_inspector_opens_a_dcp_store(saved_at_2):
             await _settle(pilot)
             assert [s.step for s in app.summaries] == [0] and app.step == 0
             groups = [str(n.label).split(" ")[0] for n in app.query_one(TensorTree).root.children]
-            assert groups == ["cols", "meta", "model", "optim"], groups
+            assert groups == ["extra", "meta", "model", "optim"], groups
 
     asyncio.run(drive())
