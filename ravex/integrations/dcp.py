@@ -480,7 +480,7 @@ def _layouts(items: Sequence[Sequence[WriteItem]], keys: dict[str, Key]) -> dict
         rows = _row_shards(shape, boxes, [r for r, _ in found])
         if rows is not None:
             row_bytes = math.prod(shape[1:]) * first.properties.dtype.itemsize
-            chunk_rows = _chunk_rows(rows, max(1, SHARD_CHUNK_BYTES // max(1, row_bytes)))
+            chunk_rows = _chunk_rows(shape[0], rows, max(1, SHARD_CHUNK_BYTES // max(1, row_bytes)))
             zero = (0,) * len(shape)
             out[fqn] = TensorLayout("rows", dtype, shape, (Chunk(path, zero, shape),), chunk_rows)
             continue
@@ -510,13 +510,15 @@ def _row_shards(shape: tuple[int, ...], boxes: list[Box], ranks: list[int]) -> l
     return [lo for lo, _ in spans[1:]]
 
 
-def _chunk_rows(boundaries: list[int], target: int) -> int:
-    """The largest row count at most ``target`` that divides every inner shard boundary."""
+def _chunk_rows(n: int, boundaries: list[int], target: int) -> int:
+    """The largest row count at most ``target`` that divides every inner shard boundary of ``n``
+    rows; with no inner boundary, equal chunks of at most ``target`` rows, as the format writer
+    cuts an array of its own (never more rows than the array has: a chunk is stored padded)."""
     g = 0
     for b in boundaries:
         g = math.gcd(g, b)
-    if g == 0:  # one shard holds every row: any chunk size will do
-        return target
+    if g == 0:
+        return max(1, math.ceil(n / math.ceil(n / target))) if n else 1
     best = 1
     d = 1
     while d * d <= g:

@@ -202,6 +202,8 @@ def test_a_dimension_0_shard_is_one_global_array(saved_at_2):
     # sharded on dimension 1: one array per piece, named by its offsets in the global tensor
     assert {"extra/cols/offset-0.0", "extra/cols/offset-0.3"} <= set(reader.arrays)
     assert reader.arrays["extra/tiny"].shape == (1, 3)  # rank 1's shard is empty
+    assert reader.arrays["extra/tiny"].chunk_shape == (1, 3)  # a chunk is stored padded: no spare rows
+    assert reader.arrays["model/2.weight"].chunk_shape == (4, 10)  # divides the shard boundary at row 4
     # rank 0's tree names every tensor of the model and optimizer
     tree = reader.tree(0)
     assert set(tree["model"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
