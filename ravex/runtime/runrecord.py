@@ -8,6 +8,7 @@ whole (atomically), so no file is read, modified and written back by several pro
 not kept in the store: every byte there belongs to the format (``spec/FORMAT.md``), which has
 no place for a run's outcome. Runs configured without a ``ravex.yaml`` are not recorded:
 ``ravex status`` finds its store through that file, so it would find no record anyway.
+``.ravex/`` ignores itself in git.
 
 Torch-free, so that ``ravex status`` stays a light command.
 """
@@ -67,7 +68,11 @@ def write(config: RavexConfig, record: RunRecord) -> None:
     path = record_path(config)
     if path is None:
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, ".gitignore"), "w") as fh:
+            fh.write("# Ravex's record of the last runs, for `ravex status`: never versioned.\n*\n")
     atomic_write(path, json.dumps(asdict(record), indent=1).encode("utf-8"))
 
 

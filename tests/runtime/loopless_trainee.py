@@ -8,6 +8,8 @@
 ``framework`` a loop of its own, as a framework runs it: an epoch that yields no batch is taken
               for empty data, the loop stops, and the model is saved (``model.pt``)
 
+Each prints ``RESUME <ravex.status()["resume"]>`` last.
+
 ``argv[2]`` is EPOCHS (default 1); ``argv[3]``, if given, is a step after which the run flushes
 Ravex and ends at once with ``os._exit(0)``: a kill there, with its checkpoints complete and no
 exit checkpoint.
@@ -34,6 +36,7 @@ data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
 loader = DataLoader(data, batch_size=4)
 
 if SHAPE == "noforward":
+    print(f"RESUME {ravex.status()['resume']}", flush=True)
     sys.exit(0)
 
 step = 0
@@ -54,3 +57,4 @@ for _epoch in range(EPOCHS):
         break
 if SHAPE == "framework":
     torch.save(model.state_dict(), "model.pt")
+print(f"RESUME {ravex.status()['resume']}", flush=True)

@@ -41,9 +41,11 @@ def test_a_rerun_that_never_runs_a_step_says_so_once_and_in_status(tmp_path):
     assert "no forward pass or optimizer step" in lines[0], lines[0]
     assert "resume: never" in lines[0], lines[0]  # the fix for a deliberate fresh start
     assert second.returncode == 0  # the script's exit status stays the script's
+    assert second.stdout[-1] == "RESUME {'found': 3, 'restored': None}", second.explain()
     status = _status(cwd)
     assert "resume: found step 3, not restored" in status, status
     assert "0 optimizer steps" in status, status
+    assert (cwd / ".ravex" / ".gitignore").read_text().endswith("*\n")  # never versioned
 
 
 def test_a_framework_loop_stopping_on_a_finished_epoch_says_so(tmp_path):
@@ -55,7 +57,7 @@ def test_a_framework_loop_stopping_on_a_finished_epoch_says_so(tmp_path):
     assert "EMPTY EPOCH: stopping" in second.stdout, second.explain()
     lines = [line for line in second.stderr.splitlines() if NOT_RESTORED in line]
     assert len(lines) == 1 and "step 6" in lines[0], second.explain()
-    assert "already finished" in lines[0], lines[0]
+    assert "had finished before the checkpoint" in lines[0], lines[0]
     assert "resume: found step 6, not restored" in _status(cwd)
 
 
@@ -65,6 +67,7 @@ def test_a_normal_resume_says_nothing_of_the_sort(tmp_path):
     second = _train(cwd, "train", "2")
     assert second.resumed_from == 6, second.explain()
     assert sum(line.startswith("STEP") for line in second.stdout) == 2, second.explain()
+    assert second.stdout[-1] == "RESUME {'found': 6, 'restored': 6}", second.explain()
     assert NOT_RESTORED not in second.stderr, second.stderr
     status = _status(cwd)
     assert "resume: restored step 6" in status and "2 optimizer steps" in status, status
@@ -77,7 +80,7 @@ def test_a_fresh_run_and_one_that_never_reached_a_checkpoint_say_nothing(tmp_pat
     for _ in range(2):
         run = _train(cwd, "train", "1")
         assert run.resumed_from is None and NOT_RESTORED not in run.stderr, run.explain()
-        assert "STEP 4" in run.stdout
+        assert "STEP 4" in run.stdout and run.stdout[-1] == "RESUME {'found': None, 'restored': None}"
         status = _status(cwd)
         assert "resume: no checkpoint found" in status and "4 optimizer steps" in status, status
 
