@@ -309,9 +309,16 @@ class Cadence(Resume):
         if self.backend is not None:
             self.backend.flush()
 
-    def _install_signals(self) -> None:
-        """The signal handlers, and the watch for a loop that nothing would checkpoint."""
+    def _start_watch(self) -> None:
+        """Watch for a loop that nothing would checkpoint (backward passes, no step counted)."""
         self._watch = _SilentWatch(self)
+
+    def _stop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+
+    def _install_signals(self) -> None:
         if self.world_size > 1:  # decisions all ranks must share go through one poll
             self._poll = collectives.Poll(self.config.checkpoint_every_seconds)
         if threading.current_thread() is not threading.main_thread():
@@ -324,9 +331,6 @@ class Cadence(Resume):
                 logger.warning("ravex: cannot handle %s: %s", name, exc)
 
     def _restore_signals(self) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.close()
         for signum, previous in self._signals.items():
             try:
                 if signal.getsignal(signum) == self._on_signal:

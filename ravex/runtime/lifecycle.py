@@ -117,6 +117,7 @@ class RavexRuntime(Cadence):
         self._open_backend()
         self._plan_resume()
         self._install_signals()
+        self._start_watch()
         self._wrap_excepthook()
         self.enabled = True
 
@@ -143,6 +144,7 @@ class RavexRuntime(Cadence):
             self._keepalive.clear()
             self._clear_forward_hook()
             self._restore_signals()
+            self._stop_watch()
             self._unwrap_excepthook()
             if self._patches is not None:
                 self._patches.undo()
