@@ -7,17 +7,9 @@ format is usable without the runtime) and re-exported here.
 
 from __future__ import annotations
 
-from ravex.format.errors import (
-    ArrayNotFoundError,
-    CorruptObjectError,
-    FormatVersionError,
-    ManifestError,
-    RavexError,
-    StepNotFoundError,
-    StoreNotFoundError,
-    UnsafeNameError,
-    UnsupportedValueError,
-)
+from ravex.format import errors as format_errors
+from ravex.format.errors import *  # noqa: F403 - the format's errors, every one, are Ravex's
+from ravex.format.errors import RavexError
 
 
 class ConfigError(RavexError, ValueError):
@@ -28,16 +20,4 @@ class RestoreError(RavexError, ValueError):
     """The checkpoint does not fit this run's objects (the script or model changed)."""
 
 
-__all__ = [
-    "ArrayNotFoundError",
-    "ConfigError",
-    "CorruptObjectError",
-    "FormatVersionError",
-    "ManifestError",
-    "RavexError",
-    "RestoreError",
-    "StepNotFoundError",
-    "StoreNotFoundError",
-    "UnsafeNameError",
-    "UnsupportedValueError",
-]
+__all__ = [*format_errors.__all__, "ConfigError", "RestoreError"]

@@ -62,3 +62,18 @@ class StorageError(RavexError, OSError):
 
 class RemoteConfigError(RavexError, ValueError):
     """Options of a remote store are missing or invalid: no credentials, a bad endpoint."""
+
+
+__all__ = [
+    "ArrayNotFoundError",
+    "CorruptObjectError",
+    "FormatVersionError",
+    "ManifestError",
+    "RavexError",
+    "RemoteConfigError",
+    "StepNotFoundError",
+    "StorageError",
+    "StoreNotFoundError",
+    "UnsafeNameError",
+    "UnsupportedValueError",
+]
