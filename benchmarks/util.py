@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ravex.format.storage.atomic import fsync_path
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -40,15 +42,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     result = fn()
     return time.perf_counter() - t0, result
-
-
-def fsync_path(path: str) -> None:
-    """fsync a file, or a folder entry (so that a creation or rename is durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(root: str) -> None:

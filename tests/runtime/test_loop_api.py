@@ -6,7 +6,6 @@ objects under a fresh activation in the same process (test_loops.py kills for re
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
@@ -15,15 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
 
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith("RAVEX_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
-    yield
-    ravex.deactivate()
+pytestmark = pytest.mark.usefixtures("ravex_clean")
 
 
 @pytest.fixture
