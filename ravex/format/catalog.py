@@ -26,6 +26,7 @@ from .errors import ManifestError, RavexError, StepNotFoundError
 from .manifest import Manifest, merge_arrays
 from .names import is_decimal, manifest_key, manifest_ranks, step_dir
 from .storage import Storage
+from .timelines import MAIN, Timeline
 
 #: Parsed manifests kept per store: at most this many ...
 MANIFEST_CACHE_SIZE = 256
@@ -62,9 +63,12 @@ class StoreCatalog:
     #: Parsed manifests this store keeps (a subclass that reads steps once may keep fewer).
     manifest_cache_size = MANIFEST_CACHE_SIZE
 
-    def __init__(self, storage: Storage, root: dict[str, Any]) -> None:
+    def __init__(self, storage: Storage, root: dict[str, Any], timeline: Timeline | None = None) -> None:
         self.storage = storage
         self.root = root
+        #: the timeline whose steps this catalog lists (spec §19); ``main``'s are ``steps/``
+        self.timeline = timeline or Timeline(MAIN)
+        self.steps_prefix = self.timeline.steps_prefix
         # manifests of complete steps (immutable), most recently used last, bounded
         self._manifests: OrderedDict[tuple[int, int], Manifest] = OrderedDict()
         self._sizes: dict[tuple[int, int], int] = {}  # estimated bytes of each (see _parsed_bytes)
@@ -82,19 +86,20 @@ class StoreCatalog:
 
     def step_numbers(self) -> list[int]:
         """Every step with a folder, complete or not, ascending."""
-        return sorted(int(n) for n in self.storage.list_dir("steps") if is_decimal(n))
+        return sorted(int(n) for n in self.storage.list_dir(self.steps_prefix) if is_decimal(n))
 
     def list_steps(self) -> dict[int, StepFiles]:
         """Every step folder with its files, ranks and newest mtime, from one recursive listing
         of ``steps/`` (one LIST request per 1000 files on an object store, where listing each
         step's folder costs one per step). Nothing is read. GC uses it for all it decides."""
         found: dict[int, dict[str, float]] = {}
-        for obj in self.storage.walk("steps"):
-            parts = obj.key.split("/")
-            if len(parts) == 3 and parts[0] == "steps" and is_decimal(parts[1]):
+        depth = self.steps_prefix.count("/") + 1
+        for obj in self.storage.walk(self.steps_prefix):
+            parts = obj.key.rsplit("/", 2)
+            if obj.key.count("/") == depth + 1 and parts[0] == self.steps_prefix and is_decimal(parts[1]):
                 found.setdefault(int(parts[1]), {})[parts[2]] = obj.mtime
         if self.storage.is_local_filesystem:  # an empty folder holds no file for the walk to see
-            for name in self.storage.list_dir("steps"):
+            for name in self.storage.list_dir(self.steps_prefix):
                 if is_decimal(name):
                     found.setdefault(int(name), {})
         out = {}
@@ -107,7 +112,7 @@ class StoreCatalog:
     def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
         """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
         listing found there) and reads its manifests (cached once the step is complete)."""
-        ranks = sorted(ranks) if ranks is not None else manifest_ranks(self.storage.list_dir(step_dir(step)))
+        ranks = sorted(ranks) if ranks is not None else manifest_ranks(self.storage.list_dir(self.step_dir(step)))
         if not ranks:
             return StepInfo(step, None, (), False, "no manifest")
         try:
@@ -185,11 +190,12 @@ class StoreCatalog:
         cached = self.cached_manifest(step, rank)
         if cached is not None:
             return cached
-        where = f"step {step} rank {rank}"
+        where = f"step {step} rank {rank}" if self.timeline.name == MAIN else f"{self.timeline.name}@{step} rank {rank}"
+        key = self.manifest_key(step, rank)
         try:
-            data = self.storage.read(manifest_key(step, rank))
+            data = self.storage.read(key)
         except FileNotFoundError:
-            raise StepNotFoundError(f"{where}: manifest {manifest_key(step, rank)!r} not found") from None
+            raise StepNotFoundError(f"{where}: manifest {key!r} not found") from None
         m = Manifest.from_bytes(data, where)
         if m.step != step or m.rank != rank:
             raise ManifestError(f"{where}: manifest says step {m.step} rank {m.rank}")
@@ -242,16 +248,26 @@ class StoreCatalog:
 
     def delete_step(self, step: int) -> None:
         """Delete every manifest (and leftover temp file) of a step. Objects stay for GC."""
-        self.delete_steps({step: self.storage.list_dir(step_dir(step))})
+        self.delete_steps({step: self.storage.list_dir(self.step_dir(step))})
 
     def delete_steps(self, files: dict[int, tuple[str, ...] | list[str]]) -> None:
         """Delete the named files of each step (as :meth:`list_steps` found them), in one
         ``delete`` call: one request per 1000 keys on S3, where a call per step costs one
         each. Objects stay for GC."""
-        self.storage.delete(f"{step_dir(step)}/{n}" for step, names in files.items() for n in names)
+        self.storage.delete(f"{self.step_dir(step)}/{n}" for step, names in files.items() for n in names)
         for step in files:
             self.forget(step)
-            self.storage.remove_empty_dir(step_dir(step))
+            self.storage.remove_empty_dir(self.step_dir(step))
+
+    # ---- keys ----------------------------------------------------------------------------
+
+    def step_dir(self, step: int) -> str:
+        """This timeline's folder of ``step``."""
+        return step_dir(step, self.steps_prefix)
+
+    def manifest_key(self, step: int, rank: int) -> str:
+        """The key of rank ``rank``'s manifest of ``step`` in this timeline."""
+        return manifest_key(step, rank, self.steps_prefix)
 
 
 def _parsed_bytes(m: Manifest) -> int:

@@ -64,11 +64,21 @@ class RemoteConfigError(RavexError, ValueError):
     """Options of a remote store are missing or invalid: no credentials, a bad endpoint."""
 
 
+class BadNameError(RavexError, ValueError):
+    """A timeline or tag name is empty, too long, or holds characters that could leave the store."""
+
+
+class NameTakenError(RavexError, FileExistsError):
+    """A timeline or tag of that name already exists (names are written once, never replaced)."""
+
+
 __all__ = [
     "ArrayNotFoundError",
+    "BadNameError",
     "CorruptObjectError",
     "FormatVersionError",
     "ManifestError",
+    "NameTakenError",
     "RavexError",
     "RemoteConfigError",
     "StepNotFoundError",

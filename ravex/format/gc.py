@@ -34,11 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .catalog import StoreCatalog
 from .errors import RavexError
 from .names import object_key
+from .tags import Tag, read_tags
+from .timelines import MAIN, read_timelines
 
 if TYPE_CHECKING:
-    from .catalog import StepFiles, StepInfo, StoreCatalog
+    from .catalog import StepFiles, StepInfo
 
 #: The grace period ``G`` (spec/FORMAT.md, "Garbage collection"), in seconds: GC deletes an
 #: unreferenced object only once it is older than this. A writer's safety depends on it: the
@@ -53,8 +56,9 @@ DEFAULT_GRACE_SECONDS = 3600.0
 class GCReport:
     """What GC deleted (or, with ``dry_run``, would delete)."""
 
-    kept_steps: list[int] = field(default_factory=list)
-    deleted_steps: list[int] = field(default_factory=list)
+    #: steps by number on ``main``, as ``timeline@step`` on another timeline
+    kept_steps: list[int | str] = field(default_factory=list)
+    deleted_steps: list[int | str] = field(default_factory=list)
     deleted_objects: int = 0
     deleted_bytes: int = 0
     kept_objects: int = 0
@@ -114,7 +118,9 @@ def gc(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     dry_run: bool = False,
 ) -> GCReport:
-    """Apply retention to ``store`` and collect unreferenced objects. See the module doc."""
+    """Apply retention to every timeline of ``store`` and collect unreferenced objects. See the
+    module doc. Retention counts each timeline's own steps; tagged steps, and the fork step of
+    a timeline that has no complete step of its own yet, are kept whatever the policy."""
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last={keep_last}: keep at least the newest step (keep_last >= 1)")
     if keep_every is not None and keep_every < 1:
@@ -122,40 +128,55 @@ def gc(
     if not (isinstance(grace_seconds, (int, float)) and grace_seconds >= 0):  # NaN fails this too
         # a negative or NaN grace would delete a concurrent writer's objects before its manifest lands
         raise ValueError(f"grace_seconds={grace_seconds!r} must be a number of seconds >= 0")
-    now = time.time()  # t0, taken before the listing
+    now = time.time()  # t0, taken before the listings
     report = GCReport(dry_run=dry_run)
-    listing = store.list_steps()
-    infos: dict[int, StepInfo] = {}
+    views = _timeline_catalogs(store)
+    tags = read_tags(store.storage)  # after t0: a tag that exists at t0 is seen
+    listings = {name: view.list_steps() for name, view in views.items()}
+    pinned = _pinned_steps(views, listings, tags)
+    deleted: dict[str, dict[int, tuple[str, ...]]] = {}
+    for name, view in views.items():
+        listing = listings[name]
+        infos: dict[int, StepInfo] = {}
 
-    def is_complete(step: int) -> bool:
-        if step not in infos:
-            infos[step] = store.step_info(step, listing[step].ranks)
-        return infos[step].complete
+        def is_complete(step: int, view: StoreCatalog = view, listing: dict[int, StepFiles] = listing,
+                        infos: dict[int, StepInfo] = infos) -> bool:
+            if step not in infos:
+                infos[step] = view.step_info(step, listing[step].ranks)
+            return infos[step].complete
 
-    ages = {s: f.mtime for s, f in listing.items() if f.mtime is not None}
-    keep = retained_steps(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
-    for step in listing:
-        (report.kept_steps if step in keep else report.deleted_steps).append(step)
-    if report.deleted_steps and not dry_run:
-        store.delete_steps({s: listing[s].files for s in report.deleted_steps})
-        # Phase 3 lists again: whatever landed since the first listing is read too.
-        listing = store.list_steps()
-    survivors = [f for s, f in listing.items() if not (dry_run and s in report.deleted_steps)]
+        ages = {s: f.mtime for s, f in listing.items() if f.mtime is not None}
+        keep = retained_steps(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
+        keep |= pinned.get(name, set()) & set(listing)
+        for step in listing:
+            (report.kept_steps if step in keep else report.deleted_steps).append(_ref(name, step))
+            if step not in keep:
+                deleted.setdefault(name, {})[step] = listing[step].files
+    if deleted and not dry_run:
+        for name, files in deleted.items():
+            views[name].delete_steps(files)
+        # Phase 3 lists again: whatever landed since the first listing is read too, in every
+        # timeline (one forked since is among them).
+        views = _timeline_catalogs(store)
+        listings = {name: view.list_steps() for name, view in views.items()}
 
     referenced: set[str] = set()
-    for files in survivors:
-        for name, rank in _manifest_names(files):
-            try:
-                if rank is None:
-                    raise ValueError("not a manifest name the layout writes (rank-<r>.json)")
-                m = store.manifest(files.step, rank)
-            except (RavexError, OSError, ValueError) as exc:
-                # A manifest we cannot read may still name objects (a transient read error,
-                # a manifest from a newer writer): collecting now could delete a kept step.
-                report.skipped_objects_because = f"step {files.step} {name}: {exc}"
-                return report
-            for entry in m.arrays.values():
-                referenced.update(c.object for c in entry.chunks.values() if c.object)
+    for name, view in views.items():
+        for step, files in listings[name].items():
+            if dry_run and step in deleted.get(name, {}):
+                continue
+            for manifest_name, rank in _manifest_names(files):
+                try:
+                    if rank is None:
+                        raise ValueError("not a manifest name the layout writes (rank-<r>.json)")
+                    m = view.manifest(step, rank)
+                except (RavexError, OSError, ValueError) as exc:
+                    # A manifest we cannot read may still name objects (a transient read error,
+                    # a manifest from a newer writer): collecting now could delete a kept step.
+                    report.skipped_objects_because = f"step {_ref(name, step)} {manifest_name}: {exc}"
+                    return report
+                for entry in m.arrays.values():
+                    referenced.update(c.object for c in entry.chunks.values() if c.object)
 
     cutoff = now - grace_seconds
     for obj in store.storage.walk("objects"):
@@ -170,6 +191,39 @@ def gc(
         else:
             report.young_unreferenced += 1
     return report
+
+
+def _ref(timeline: str, step: int) -> int | str:
+    """How a report names a step: its number on ``main``, ``timeline@step`` elsewhere."""
+    return step if timeline == MAIN else f"{timeline}@{step}"
+
+
+def _timeline_catalogs(store: StoreCatalog) -> dict[str, StoreCatalog]:
+    """A catalog of every timeline's steps (``store``'s own one as it is)."""
+    out: dict[str, StoreCatalog] = {}
+    for name, timeline in read_timelines(store.storage).items():
+        out[name] = store if name == store.timeline.name else StoreCatalog(store.storage, store.root, timeline)
+    return out
+
+
+def _pinned_steps(
+    views: dict[str, StoreCatalog], listings: dict[str, dict[int, StepFiles]], tags: dict[str, Tag]
+) -> dict[str, set[int]]:
+    """Steps kept whatever the policy: every tagged step, and for each timeline that has no
+    complete step of its own yet, the step it forked from (its head: what a resume of it reads,
+    spec §19)."""
+    pinned: dict[str, set[int]] = {}
+    for tag in tags.values():
+        pinned.setdefault(tag.timeline, set()).add(tag.step)
+    for name, view in views.items():
+        timeline = view.timeline
+        if timeline.parent is None or timeline.fork_step is None or timeline.parent not in views:
+            continue
+        listing = listings[name]
+        if any(view.step_info(s, listing[s].ranks).complete for s in listing):
+            continue
+        pinned.setdefault(timeline.parent, set()).add(timeline.fork_step)
+    return pinned
 
 
 def _manifest_names(files: StepFiles) -> list[tuple[str, int | None]]:

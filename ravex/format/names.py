@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
-from .errors import UnsafeNameError
+from .errors import BadNameError, UnsafeNameError
 
 _SAFE = "._-"
 _OBJECT_NAME = re.compile(r"^[0-9a-f]{32}\Z")  # \Z: "$" would accept a trailing newline
@@ -76,14 +76,41 @@ def object_key(name: str) -> str:
     return f"objects/{name[:2]}/{name}"
 
 
-def step_dir(step: int) -> str:
-    """Storage prefix of a step: ``steps/<step>`` in plain decimal."""
-    return f"steps/{step}"
+#: Where the steps of the ``main`` timeline live (spec §2); another timeline's are under
+#: ``timelines/<name>/steps`` (§19).
+MAIN_STEPS = "steps"
 
 
-def manifest_key(step: int, rank: int) -> str:
+def step_dir(step: int, steps: str = MAIN_STEPS) -> str:
+    """Storage prefix of a step: ``<steps>/<step>`` in plain decimal."""
+    return f"{steps}/{step}"
+
+
+def manifest_key(step: int, rank: int, steps: str = MAIN_STEPS) -> str:
     """Storage key of one rank's manifest for a step."""
-    return f"steps/{step}/rank-{rank}.json"
+    return f"{steps}/{step}/rank-{rank}.json"
+
+
+#: Longest timeline or tag name: a key segment every object store takes, short enough to read.
+MAX_LABEL = 64
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_label(name: object, what: str) -> str:
+    """A timeline or tag name as the layout stores it (one key segment, spec §19): 1 to
+    :data:`MAX_LABEL` characters of ``A-Z a-z 0-9 . _ -``, not starting with ``.``, ``_`` or
+    ``-``. Anything else is a :class:`BadNameError` naming the rule it breaks."""
+    if not isinstance(name, str) or not name:
+        raise BadNameError(f"{what} name is empty; give a name such as 'before-spike'")
+    shown = name if len(name) <= 40 else f"{name[:40]}..."
+    if len(name) > MAX_LABEL:
+        raise BadNameError(f"{what} name {shown!r} is {len(name)} characters; use at most {MAX_LABEL}")
+    if not _LABEL.fullmatch(name):
+        raise BadNameError(
+            f"{what} name {shown!r} may only hold letters, digits, '.', '_' and '-', starting with a "
+            "letter or digit (no '/', '..' or '@': it must stay one name inside the store)"
+        )
+    return name
 
 
 _MANIFEST_NAME = re.compile(r"rank-(0|[1-9][0-9]{0,8})\.json")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .dtypes import data_type
 from .keyview import step_keys
-from .names import object_key, step_dir
+from .names import MAIN_STEPS, object_key, step_dir
 from .reader import StepReader
 from .storage import atomic_write
 
@@ -53,9 +53,9 @@ AUTO_MAX_SHARE = 0.01
 _BYTES_PER_ENTRY = 128
 
 
-def refs_key(step: int) -> str:
-    """Storage key of a step's reference file."""
-    return f"{step_dir(step)}/{REFS_NAME}"
+def refs_key(step: int, steps: str = MAIN_STEPS) -> str:
+    """Storage key of a step's reference file (``steps``: its timeline's folder of steps)."""
+    return f"{step_dir(step, steps)}/{REFS_NAME}"
 
 
 def step_refs(store: StoreCatalog, step: int | str, root: str = ".") -> dict[str, Any]:
@@ -109,7 +109,7 @@ def write_refs(store: StoreCatalog, step: int | str) -> str:
     not synced further, since a lost ``refs.json`` loses nothing the manifests lack.
     """
     number = store.resolve_step(step)
-    key = refs_key(number)
+    key = refs_key(number, store.steps_prefix)
     data = json.dumps(step_refs(store, number), separators=(",", ":"), sort_keys=True).encode() + b"\n"
     try:
         if store.storage.read(key) == data:

@@ -15,11 +15,24 @@ from typing import Any
 from . import clock
 from ._version import FORMAT_NAME, SPEC_VERSION, check_version
 from .catalog import StepFiles, StepInfo, StoreCatalog
-from .errors import ManifestError, StoreNotFoundError
+from .errors import ManifestError, StepNotFoundError, StoreNotFoundError
 from .gc import DEFAULT_GRACE_SECONDS, GCReport, gc
 from .hashing import HASH_NAME
 from .reader import StepReader
+from .names import check_label, is_decimal
 from .storage import RetryPolicy, open_storage
+from .tags import Tag, create_tag, delete_tag, read_tags, tag_key
+from .timelines import (
+    MAIN,
+    TIMELINES,
+    Timeline,
+    create_timeline,
+    fork_name,
+    lineage,
+    read_timelines,
+    split_ref,
+    timeline_key,
+)
 from .writer import StepWriter
 
 __all__ = ["ROOT_KEY", "CheckpointStore", "StepFiles", "StepInfo", "open_store"]
@@ -37,8 +50,123 @@ class CheckpointStore(StoreCatalog):
         return StepWriter(self, *args, **options)
 
     def open_step(self, step: int | str = "latest") -> StepReader:
-        """A reader over one complete step (all ranks' manifests merged)."""
-        return StepReader(self, self.resolve_step(step))
+        """A reader over one complete step (all ranks' manifests merged). ``step`` may name a
+        timeline (``exp@60``, spec §19) and may be a step of this timeline's lineage (a step
+        up to the fork, read from the parent)."""
+        owner, number = self.locate(step)
+        return StepReader(owner, number)
+
+    # ---- timelines (spec §19) ------------------------------------------------------------
+
+    def timelines(self) -> dict[str, Timeline]:
+        """Every timeline of the store, ``main`` first."""
+        return read_timelines(self.storage)
+
+    def on_timeline(self, name: str, timelines: dict[str, Timeline] | None = None) -> CheckpointStore:
+        """This store seen from timeline ``name``: its steps, readers and writers are that
+        timeline's (one that does not exist is a :class:`StepNotFoundError`)."""
+        if name == self.timeline.name:
+            return self
+        timelines = timelines if timelines is not None else self.timelines()
+        if name not in timelines:
+            check_label(name, "timeline")
+            raise StepNotFoundError(
+                f"{self.url!r} has no timeline {name!r}; timelines: {', '.join(sorted(timelines))}")
+        return CheckpointStore(self.storage, self.root, timelines[name])
+
+    def lineage(self, timelines: dict[str, Timeline] | None = None) -> list[tuple[CheckpointStore, int | None]]:
+        """This timeline, its parent, ... up to ``main``, each with the highest step it lends
+        to the one below it (None for this timeline itself: all of its steps)."""
+        timelines = timelines if timelines is not None else self.timelines()
+        chain = lineage(timelines, self.timeline.name)
+        out: list[tuple[CheckpointStore, int | None]] = [(self, None)]
+        for child, parent in zip(chain, chain[1:]):
+            out.append((self.on_timeline(parent.name, timelines), child.fork_step))
+        return out
+
+    def lineage_steps(self) -> list[tuple[CheckpointStore, int]]:
+        """The complete steps of this timeline's history, oldest first: the parent's up to the
+        fork step (and its parent's before that), then this timeline's own."""
+        found: list[tuple[CheckpointStore, int]] = []
+        ceiling: int | None = None  # the steps a timeline further down the chain took over
+        for view, upto in self.lineage():
+            if upto is not None:
+                ceiling = upto if ceiling is None else min(ceiling, upto)
+            floor = view.timeline.fork_step if view.timeline.parent is not None else None
+            found[:0] = [(view, s) for s in view.complete_steps()
+                         if (ceiling is None or s <= ceiling) and (floor is None or s > floor)]
+        return found
+
+    def locate(self, step: int | str) -> tuple[CheckpointStore, int]:
+        """Which timeline holds ``step`` (``60``, ``step_60``, ``latest``, ``exp@60``) and its
+        number: a step up to a timeline's fork belongs to its parent."""
+        name, text = split_ref(step) if isinstance(step, str) else (None, step)
+        view = self if name is None else self.on_timeline(name)
+        if view.timeline.parent is None:  # main: its own steps, as spec 1.0 reads them
+            return view, view.resolve_step(text)
+        if text == "latest":
+            steps = view.lineage_steps()
+            if not steps:
+                raise StepNotFoundError(f"timeline {view.timeline.name!r} of {self.url!r} has no complete step yet")
+            return steps[-1]
+        number = _step_number(text)
+        for owner, _ in view.lineage():
+            fork = owner.timeline.fork_step
+            if fork is None or number > fork:
+                return owner, owner.resolve_step(number)
+        raise StepNotFoundError(f"step {number} is not in timeline {view.timeline.name!r} of {self.url!r}")
+
+    def fork(self, step: int, name: str | None = None, run: str | None = None) -> CheckpointStore:
+        """Start a new timeline from complete ``step`` of this timeline's lineage (``name``:
+        :func:`~.timelines.fork_name`'s when None); the new timeline's view. Its document is
+        created exclusively: a name another run took is a :class:`NameTakenError`."""
+        number = self.locate(step)[1]
+        existing = self.timelines()
+        name = name if name is not None else fork_name(existing, self.timeline.name, number)
+        timeline = create_timeline(self.storage, name, self.timeline.name, number, run)
+        return CheckpointStore(self.storage, self.root, timeline)
+
+    def current(self) -> CheckpointStore:
+        """The timeline a plain rerun continues: the one whose newest event, its newest
+        complete step or its creation, is the newest by the storage's clock (main when the
+        store has no other timeline). Nothing shared is written to know it."""
+        timelines = self.timelines()
+        if len(timelines) == 1:
+            return self.on_timeline(MAIN, timelines)
+        created = {o.key: o.mtime for o in self.storage.walk(TIMELINES) if o.key.count("/") == 1}
+        best, best_time = MAIN, float("-inf")
+        for name, timeline in timelines.items():
+            view = self.on_timeline(name, timelines)
+            when = created.get(timeline_key(name), float("-inf"))
+            listing = view.list_steps()
+            for number in reversed(listing):
+                if view.step_info(number, listing[number].ranks).complete:
+                    when = max(when, listing[number].mtime or when)
+                    break
+            if when > best_time:
+                best, best_time = name, when
+        return self.on_timeline(best, timelines)
+
+    # ---- tags (spec §19) -----------------------------------------------------------------
+
+    def tags(self) -> dict[str, Tag]:
+        """Every tag, by name."""
+        return read_tags(self.storage)
+
+    def tag(self, name: str, step: int | str = "latest") -> Tag:
+        """Name complete ``step`` (``exp@60`` names a timeline's) so that GC never collects it.
+        A missing step, a bad name or a name already taken is an error and writes nothing."""
+        check_label(name, "tag")
+        owner, number = self.locate(step)
+        tag = create_tag(self.storage, name, owner.timeline.name, number)
+        if not owner.step_info(number).complete:  # collected between the check and the tag
+            self.storage.delete([tag_key(name)])
+            raise StepNotFoundError(f"step {tag.ref} was collected while it was being tagged; nothing tagged")
+        return tag
+
+    def untag(self, name: str) -> Tag:
+        """Delete tag ``name``; the tag it was."""
+        return delete_tag(self.storage, name)
 
     def read(self, step: int | str = "latest", rank: int = 0, subtree: Any = None) -> Any:
         """The state tree of a step with numpy arrays at the leaves."""
@@ -96,6 +224,15 @@ def open_store(
     if root.get("hash") != HASH_NAME:
         raise ManifestError(f"{where}: hash {root.get('hash')!r} is unknown; expected {HASH_NAME!r}")
     return CheckpointStore(storage, root)
+
+
+def _step_number(text: str | int) -> int:
+    """A step number from ``60`` or ``step_60``; anything else is a :class:`StepNotFoundError`."""
+    digits = str(text).removeprefix("step_")
+    if not is_decimal(digits):
+        shown = text if len(str(text)) <= 40 else f"{str(text)[:40]}..."
+        raise StepNotFoundError(f"{shown!r} is not a step; use a number, 'step_100', 'latest' or 'TIMELINE@100'")
+    return int(digits)
 
 
 def _creator() -> str:

@@ -18,7 +18,7 @@ import numpy as np
 from .dtypes import data_type
 from .errors import ManifestError, RavexError
 from .manifest import ArrayEntry
-from .names import manifest_key, manifest_ranks, step_dir
+from .names import manifest_ranks
 from .reader import ArrayRef, StepReader
 from .store import CheckpointStore
 
@@ -77,7 +77,7 @@ def read_manifest_header(store: CheckpointStore, step: int, rank: int) -> dict[s
     (another writer's key order, huge metadata) it falls back to parsing the whole document.
     Raises ``FileNotFoundError`` or :class:`ManifestError`.
     """
-    key = manifest_key(step, rank)
+    key = store.manifest_key(step, rank)
     head = store.storage.read_range(key, 0, HEADER_BYTES)
     doc: Any = None
     cut = head.find(b',"tree":')
@@ -117,7 +117,7 @@ def summarize_step(store: CheckpointStore, step: int) -> StepSummary:
     ``0..W-1`` (and no others) exist and agree on ``world_size`` ``W`` and ``run``; for ``W > 1``
     the store is asked too, since whether the ranks' tensors merge needs their whole manifests.
     """
-    ranks = manifest_ranks(store.storage.list_dir(step_dir(step)))
+    ranks = manifest_ranks(store.storage.list_dir(store.step_dir(step)))
     if not ranks:
         return StepSummary(step, False, "no manifest", None, ())
     headers: dict[int, dict[str, Any]] = {}

@@ -36,7 +36,7 @@ from .errors import RavexError, UnsupportedValueError
 from .gc import DEFAULT_GRACE_SECONDS
 from .hashing import digest
 from .manifest import ArrayEntry, ChunkRef, Manifest
-from .names import escape_key, manifest_key, object_key
+from .names import escape_key, object_key
 from .refs import refs_worth_writing, write_refs
 from .values import encode_value
 
@@ -395,7 +395,7 @@ class StepWriter:
         )
         data = manifest.to_bytes()
         stats.manifest_bytes = len(data)
-        self.store.storage.write(manifest_key(step, self.rank), data)
+        self.store.storage.write(self.store.manifest_key(step, self.rank), data)
         self.store.storage.sync()
         if self.delta:
             self._base, self._base_packs = _reuse_index(manifest)

@@ -15,7 +15,6 @@ from typing import Any
 
 from ravex.format import CheckpointStore, RavexError
 from ravex.format.manifest import Manifest
-from ravex.format.names import manifest_key
 
 from . import heap
 
@@ -78,7 +77,7 @@ class PiecewiseStore(CheckpointStore):
     """
 
     def __init__(self, store: CheckpointStore, cache_size: int | None = None) -> None:
-        super().__init__(store.storage, store.root)
+        super().__init__(store.storage, store.root, store.timeline)
         if cache_size is not None:
             self.manifest_cache_size = cache_size
 
@@ -88,7 +87,7 @@ class PiecewiseStore(CheckpointStore):
             return cached
         with heap.parsing():
             try:
-                text = self.storage.read(manifest_key(step, rank)).decode("utf-8")
+                text = self.storage.read(self.manifest_key(step, rank)).decode("utf-8")
                 m = Manifest.from_json(loads_in_pieces(text), f"step {step} rank {rank}")
             except (OSError, ValueError, RecursionError, RavexError):
                 return super().manifest(step, rank)  # it says what is wrong, in its words

@@ -92,6 +92,16 @@ class Storage(ABC):
     def sync(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Make every completed ``write`` and ``publish`` durable. Called before a manifest is written."""
 
+    def create(self, key: str, data: BytesLike) -> bool:
+        """Write a small document once: False, writing nothing, if ``key`` exists. Timelines and
+        tags are created this way, so two writers of one name cannot both win. Default: look,
+        then write; object stores that lack a conditional PUT leave a short window between the
+        two (spec/FORMAT.md §19 says who may race there)."""
+        if self.exists(key):
+            return False
+        self.write(key, data)
+        return True
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether an object exists."""

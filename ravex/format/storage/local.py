@@ -79,6 +79,24 @@ class LocalStorage(Storage):
         with self._lock:
             self._dirty.add(os.path.dirname(path))
 
+    def create(self, key: str, data: BytesLike) -> bool:
+        """The bytes go to a durable temp file, then ``link`` gives it the name: the link fails
+        when the name exists, so of two creators exactly one wins, and the winner's file is
+        whole (docstring of :meth:`Storage.create`)."""
+        path = self._folder_made(key)
+        try:
+            tmp = atomic.write_temp(path, data, fsync=True)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                atomic.unlink_quietly(tmp)
+            atomic.fsync_path(os.path.dirname(path))
+        except OSError as exc:
+            raise storage_error(self.url, "create", key, exc) from exc
+        return True
+
     def write_pending(self, key: str, data: BytesLike) -> PendingWrite:
         path = self._folder_made(key)
         try:
