@@ -25,15 +25,18 @@ import time
 from typing import Any
 
 from ravex.errors import RestoreError
+from ravex.format.runs import RunRecord
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__
 
+from . import provenance
 from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .loops import ADVICE, Loop, main_loop_site
+from .loss import LastLoss
 from .plan import collect
 from .registry import KINDS, LoaderState
 from .resume import Resume
@@ -64,6 +67,9 @@ class Cadence(Resume):
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
         self._watch: _SilentWatch | None = None
+        #: the tensor the last backward() ran on, read as each checkpoint's loss
+        self.last_loss = LastLoss()
+        self._run_record: RunRecord | None = None  # rank 0: what this run was, gathered once
 
     def _open_backend(self) -> bool:
         from ravex.saving.selection import get_backend
@@ -302,8 +308,13 @@ class Cadence(Resume):
             tree, rank_layout = layout.lay_out(tree, self.rank, self.world_size)
         self._keep_alive()
         metadata = {"reason": reason, "time": time.time(), "pid": self.pid, "ravex": __version__}
+        loss = self.last_loss.value()  # the one device sync for the loss, once per checkpoint
+        if loss is not None:
+            metadata["loss"] = repr(loss)  # shortest round-trip text: parses back bit for bit
         chunk_bytes = chunk_bytes_for(self.registry, tree) if rank_layout is None else {}
-        return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes)
+        if self._run_record is None and self.rank == 0 and backend.records_runs:
+            self._run_record = provenance.gather(self.config, self.world_size)
+        return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes, self._run_record)
 
     def flush(self) -> None:
         if self.backend is not None:

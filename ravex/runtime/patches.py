@@ -14,10 +14,13 @@ patched                             why
 ``_BaseDataLoaderIter.__init__``    skip resumed batches *at the sampler*
 ``_BaseDataLoaderIter.__next__``    the step boundary where checkpoints are taken
 global optimizer step post hook     count steps (torch's own hook, no patch)
+``torch.autograd.backward``         keep the loss (:mod:`.loss`; ``Tensor.backward`` calls it)
+``amp.GradScaler.scale``            which scaled tensor stands for which loss
 global forward / step pre hooks     restore before the first forward (removed after)
 ==================================  ============================================
 
-Between checkpoints the cost is one Python call per batch and per optimizer step.
+Between checkpoints the cost is one Python call per batch, per backward pass and per optimizer
+step.
 """
 
 from __future__ import annotations
@@ -136,6 +139,26 @@ def install(runtime: Any) -> Patches:
 
         return __next__
 
+    def autograd_backward(original: Any) -> Any:
+        @functools.wraps(original)
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            runtime.last_loss.seen(tensors)  # a reference, no sync: read when a checkpoint is taken
+            return original(tensors, *args, **kwargs)
+
+        return backward
+
+    def scaler_scale(original: Any) -> Any:
+        @functools.wraps(original)
+        def scale(self: Any, outputs: Any) -> Any:
+            result = original(self, outputs)
+            if result is not outputs and isinstance(outputs, torch.Tensor):
+                runtime.last_loss.scaled(result, outputs)
+            return result
+
+        return scale
+
+    patches.replace(torch.autograd, "backward", autograd_backward)
+    patches.replace(torch.amp.GradScaler, "scale", scaler_scale)
     patches.replace(torch.utils.data.DataLoader, "__init__", loader_init)
     patches.replace(torch.utils.data.DataLoader, "__iter__", loader_iter)
     patches.replace(_dl._BaseDataLoaderIter, "__init__", base_iter_init)

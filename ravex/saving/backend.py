@@ -16,6 +16,7 @@ Both share the stager (reused staging buffers) and the writer thread (one write 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -66,6 +67,9 @@ class CheckpointBackend(ABC):
     #: (:class:`~ravex.saving.plan.RankLayout`), under one run id agreed before the first
     #: write. Without it each rank writes whole trees of its own.
     multi_rank_steps: ClassVar[bool] = False
+    #: writes the plan's run record (:attr:`~ravex.saving.plan.SavePlan.run_record`), so the
+    #: runtime gathers one
+    records_runs: ClassVar[bool] = False
 
     def __init__(self, url: str, as_numpy: bool, config: SavingSettings | None = None) -> None:
         self.url = url
@@ -92,7 +96,7 @@ class CheckpointBackend(ABC):
         staged = self._stager.stage(plan.tree)
         stage = time.perf_counter() - started
         stall = {"wait": wait, "stage": stage}
-        job_plan = SavePlan(plan.step, staged, dict(plan.metadata), plan.layout, plan.chunk_bytes)
+        job_plan = dataclasses.replace(plan, tree=staged, metadata=dict(plan.metadata))
         self._saver.submit(Job(job_plan, stall, self._stager.nbytes, outcomes))
         return stall
 

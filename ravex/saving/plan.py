@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ravex.format.runs import RunRecord
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class SavePlan:
     layout: RankLayout | None = None
     #: array name -> chunk size in bytes, for the arrays that do not take the writer's default
     chunk_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: rank 0 of a run: what the run was, for a backend that records runs (its ``run`` is
+    #: filled there, with the id the manifests carry) to write once, before its first manifest
+    run_record: RunRecord | None = None
 
 
 class StorageSettings(Protocol):

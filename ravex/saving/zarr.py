@@ -7,12 +7,14 @@ completed (several ranks, rank 0), then retention (rank 0: one GC per store).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, ClassVar
 
 from ravex.format import open_store
 from ravex.format.refs import refs_worth_writing, write_refs
+from ravex.format.runs import write_run
 
 from .backend import CheckpointBackend, LoadedStep
 from .load import read_refs
@@ -32,6 +34,7 @@ class ZarrBackend(CheckpointBackend):
 
     name: ClassVar[str] = "zarr"
     multi_rank_steps: ClassVar[bool] = True
+    records_runs: ClassVar[bool] = True
 
     def __init__(self, config: SavingSettings, rank: int = 0, world_size: int = 1) -> None:
         self.store = open_store(
@@ -43,6 +46,7 @@ class ZarrBackend(CheckpointBackend):
         self._writer: Any = None
         self._run_id: str | None = None
         self._refs_pending: list[int] = []
+        self._run_recorded = False
         super().__init__(self.store.url, as_numpy=True, config=config)
 
     def set_run(self, run_id: str | None) -> None:
@@ -76,7 +80,10 @@ class ZarrBackend(CheckpointBackend):
         """Write the step's chunks and its manifest: after this the step is this rank's."""
         if self._writer is None:
             self._writer = self._make_writer()
+            self._run_id = self._writer.run  # a writer made after a failure keeps the run's id
         plan = job.plan
+        if plan.run_record is not None and not self._run_recorded:
+            self._record_run(plan)
         tree = plan.tree if plan.layout is None else place(plan.tree, plan.layout)
         extra = {"chunk_bytes": dict(plan.chunk_bytes)} if plan.chunk_bytes else {}
         try:
@@ -84,6 +91,15 @@ class ZarrBackend(CheckpointBackend):
         except BaseException:
             self._drop_writer()  # next interval starts from a fresh writer
             raise
+
+    def _record_run(self, plan: Any) -> None:
+        """The run's record, before its first manifest (``runs/<run>.json``). It is informative:
+        a failed write is logged and tried again with the next checkpoint, never a failed one."""
+        try:
+            write_run(self.store.storage, dataclasses.replace(plan.run_record, run=self._writer.run))
+            self._run_recorded = True
+        except Exception as exc:
+            logger.warning("ravex: the run record was not written (next checkpoint tries again): %s", exc)
 
     def _write_refs(self, step: int) -> None:
         """Rank 0 writes ``refs.json`` of the multi-rank steps it has seen complete (a step
