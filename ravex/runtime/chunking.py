@@ -23,6 +23,7 @@ import torch
 
 from ravex.format.names import escape_key
 
+from .plan import param_keys, param_names
 from .registry import Registry
 
 #: Chunk size for sparsely updated tables. benchmarks/scenarios.py (c), 1% of rows per
@@ -54,16 +55,15 @@ def sparse_paths(registry: Registry) -> list[tuple[tuple[Any, ...], tuple[int, .
                 params[id(p)] = tuple(p.shape)
     if not params:
         return out
+    names = param_names(registry.models())
     for j, opt in enumerate(registry.live("optimizers")):
-        index = 0  # Optimizer.state_dict() numbers parameters in param_groups order
-        for group in opt.param_groups:
-            for p in group["params"]:
-                shape = params.get(id(p))
-                state = opt.state.get(p) if shape is not None else None
-                for name, value in list((state or {}).items()):
-                    if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
-                        out.append((("optimizers", j, "state", "state", index, name), shape))
-                index += 1
+        flat = [p for group in opt.param_groups for p in group["params"]]
+        for key, p in zip(param_keys(opt, names), flat, strict=True):  # plan.collect's keys
+            shape = params.get(id(p))
+            state = opt.state.get(p) if shape is not None else None
+            for name, value in list((state or {}).items()):
+                if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
+                    out.append((("optimizers", j, "state", key, name), shape))
     return out
 
 

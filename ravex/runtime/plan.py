@@ -3,18 +3,29 @@
 :func:`collect` turns the registry into one state tree (tensors live, not copied: the
 backend stages them). Tree layout (lists are indexed by creation order)::
 
-    ravex       {"step", "format": 1}
-    models      [{"type", "state": {name: tensor}}]
-    optimizers  [{"type", "shapes", "steps", "state": optimizer.state_dict()}]
+    ravex       {"step", "format": 2}
+    models      [{"type", "name"?, "state": {name: tensor}}]
+    optimizers  [{"type", "name"?, "shapes", "steps", "state": {param: {"exp_avg": ...}},
+                  "param_groups": [{..., "params": [param, ...]}]}]
     schedulers  [{"type", "state"}]      scalers  [{"type", "state"}]
     loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
                   "active", "epoch_rng"}]
     loops       [{"site", "at", "boundary"}]   the ravex.loop positions, outermost first
     rng         {"python", "numpy", "torch", "cuda": [...]}
+
+An optimizer's ``state_dict()`` is stored with each parameter under its name in the model
+that holds it (``fc1.weight``, as DCP's ``get_optimizer_state_dict`` names it), so a tool
+shows names a user knows and a resume finds each parameter's state even when the rerun
+builds its param groups in another order; a parameter no model names (or two of one
+optimizer sharing a name) keeps its index. ``name`` is the main script's module global
+bound to the object, where there is one. Format 1 trees hold ``optimizer.state_dict()``
+as it is under ``state`` (indexes only); restore still reads them.
 """
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from typing import Any
 
 import torch
@@ -22,7 +33,7 @@ import torch
 from .registry import LoaderState, Registry
 from .rng import capture_rng
 
-TREE_FORMAT = 1
+TREE_FORMAT = 2
 
 
 def collect(registry: Registry, step: int, active_loader: LoaderState | None,
@@ -30,15 +41,19 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
     """The whole training state as one tree, tensors aliasing live memory; ``loops`` are
     the wrapped loops' positions (:mod:`.loops`)."""
     tree: dict[str, Any] = {"ravex": {"step": step, "format": TREE_FORMAT}}
+    named = script_names()
+    models = registry.models()
     tree["models"] = [
-        {"type": type(m).__name__, "state": dict(m.state_dict())} for m in registry.models()
+        {"type": type(m).__name__, **_name_of(m, named), "state": dict(m.state_dict())} for m in models
     ]
+    names = param_names(models)
     tree["optimizers"] = [
         {
             "type": type(o).__name__,
+            **_name_of(o, named),
             "shapes": optimizer_shapes(o),
             "steps": registry.optimizer_steps(o),
-            "state": o.state_dict(),
+            **by_name(o.state_dict(), param_keys(o, names)),
         }
         for o in registry.live("optimizers")
     ]
@@ -65,6 +80,59 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
     tree["loops"] = loops
     tree["rng"] = capture_rng()
     return tree
+
+
+def script_names() -> dict[int, str]:
+    """``id(object)`` -> the name of a module global of the main script bound to it."""
+    main = sys.modules.get("__main__")
+    found: dict[int, str] = {}
+    for name, value in list(vars(main).items()) if main is not None else []:
+        if not name.startswith("_"):
+            found.setdefault(id(value), name)
+    return found
+
+
+def _name_of(obj: Any, named: dict[int, str]) -> dict[str, str]:
+    name = named.get(id(obj))
+    return {"name": name} if name is not None else {}
+
+
+def param_names(models: list[torch.nn.Module]) -> dict[int, str]:
+    """``id(parameter)`` -> its name in the first of ``models`` that holds it."""
+    names: dict[int, str] = {}
+    for model in models:
+        for name, param in model.named_parameters():
+            names.setdefault(id(param), name)
+    return names
+
+
+def param_keys(opt: torch.optim.Optimizer, names: dict[int, str]) -> list[str | int]:
+    """The key of each parameter of ``opt``, in ``state_dict()``'s numbering: its name, or
+    its index where no model names it or another parameter of ``opt`` has the same name."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    found = [names.get(id(p)) for p in params]
+    counts = Counter(found)
+    keys: list[str | int] = [n if n is not None and counts[n] == 1 else i for i, n in enumerate(found)]
+    indexes = {str(k) for k in keys if isinstance(k, int)}
+    if any(isinstance(k, str) and k in indexes for k in keys):  # a name "3" beside index 3
+        return list(range(len(params)))
+    return keys
+
+
+def by_name(state: dict[str, Any], keys: list[str | int]) -> dict[str, Any]:
+    """An optimizer's ``state_dict()`` with parameters under ``keys`` (:func:`param_keys`),
+    as the entry's ``state`` and ``param_groups``; one this layout does not fit (a custom
+    ``state_dict``) as it is, under ``state``."""
+    groups, per_param = state.get("param_groups"), state.get("state")
+    numbers = range(len(keys))
+    if set(state) != {"state", "param_groups"} or not isinstance(per_param, dict) or not isinstance(groups, list) \
+            or any(k not in numbers for k in per_param) \
+            or any(not isinstance(g, dict) or any(i not in numbers for i in g.get("params", ())) for g in groups):
+        return {"state": state}
+    return {
+        "state": {keys[i]: value for i, value in per_param.items()},
+        "param_groups": [{**g, "params": [keys[i] for i in g["params"]]} for g in groups],
+    }
 
 
 def optimizer_shapes(opt: torch.optim.Optimizer) -> list[list[list[int]]]:

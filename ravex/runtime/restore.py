@@ -26,7 +26,7 @@ from ravex.saving.dtypes import as_tensor, raw_view, torch_dtype
 from ravex.saving.load import read_refs
 from ravex.saving.tree import tree_map
 
-from .plan import TREE_FORMAT, loader_identity, optimizer_shapes
+from .plan import TREE_FORMAT, loader_identity, optimizer_shapes, param_keys, param_names
 from .registry import Registry
 from .rng import restore_rng
 
@@ -53,8 +53,8 @@ def tensors_in(tree: Any, read: dict[str, torch.Tensor] | None = None) -> Any:
 def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
     """Put ``tree`` back into the live objects; check everything before changing anything."""
     fmt = tree.get("ravex", {}).get("format")
-    if fmt != TREE_FORMAT:
-        raise RestoreError(f"{where}: state tree format {fmt!r} is not {TREE_FORMAT}; "
+    if fmt not in _READS:
+        raise RestoreError(f"{where}: state tree format {fmt!r} is not one of {list(_READS)}; "
                            "written by an incompatible Ravex")
     models = registry.models()
     optimizers = registry.live("optimizers")
@@ -66,14 +66,21 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
     _check_counts(where, "GradScaler", scalers, tree["scalers"])
     for i, (model, saved) in enumerate(zip(models, tree["models"], strict=True)):
         _check_model(where, i, model, saved)
+    names = param_names(models)
+    states = []  # each optimizer's saved state_dict, in its own numbering
     for i, (opt, saved) in enumerate(zip(optimizers, tree["optimizers"], strict=True)):
         _check_type(where, f"optimizer #{i}", opt, saved)
+        if "param_groups" in saved:
+            states.append(_by_index(f"{where}: optimizer #{i} ({type(opt).__name__})", opt, saved,
+                                    param_keys(opt, names)))
+            continue
         if optimizer_shapes(opt) != _as_lists(saved["shapes"]):
             raise RestoreError(
                 f"{where}: optimizer #{i} ({type(opt).__name__}) holds parameters of shapes "
                 f"{optimizer_shapes(opt)} but the checkpoint's has {_as_lists(saved['shapes'])}."
                 + _FIX
             )
+        states.append(saved["state"])
     for i, (obj, saved) in enumerate(zip(schedulers, tree["schedulers"], strict=True)):
         _check_type(where, f"LR scheduler #{i}", obj, saved)
     for i, (obj, saved) in enumerate(zip(scalers, tree["scalers"], strict=True)):
@@ -86,14 +93,14 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
             if isinstance(value, ArrayRef):
                 target = live[key]
                 plan.add(value, target, target.device)
-    for opt, saved in zip(optimizers, tree["optimizers"], strict=True):
-        _plan_optimizer(plan, opt, saved["state"])
+    for opt, state in zip(optimizers, states, strict=True):
+        _plan_optimizer(plan, opt, state)
     read = plan.read(where)  # the only step that changes live memory before load_state_dict
     with torch.no_grad():  # a tensor already in place makes its copy_ a no-op
         for model, saved in zip(models, tree["models"], strict=True):
             model.load_state_dict(tensors_in(saved["state"], read), strict=True)
-    for opt, saved in zip(optimizers, tree["optimizers"], strict=True):
-        opt.load_state_dict(tensors_in(saved["state"], read))
+    for opt, saved, state in zip(optimizers, tree["optimizers"], states, strict=True):
+        opt.load_state_dict(tensors_in(state, read))
         registry.set_optimizer_steps(opt, int(saved["steps"]))
     for obj, saved in zip(schedulers, tree["schedulers"], strict=True):
         obj.load_state_dict(tensors_in(saved["state"]))
@@ -113,6 +120,9 @@ def check_loader(where: str, index: int, loader: Any, saved: dict[str, Any]) -> 
             "the dataset or batch size changed." + _FIX
         )
 
+
+#: Tree formats this Ravex restores: 1 keeps optimizer state by parameter index only.
+_READS = (1, TREE_FORMAT)
 
 _FIX = (" Start a fresh run: point `storage` at a new location, or set `resume: never` "
         "(RAVEX_RESUME=never).")
@@ -161,6 +171,60 @@ def _check_model(where: str, index: int, model: torch.nn.Module, saved: dict[str
             )
 
 
+def _by_index(what: str, opt: torch.optim.Optimizer, saved: dict[str, Any],
+              keys: list[str | int]) -> dict[str, Any]:
+    """A saved optimizer entry with parameters by key (:func:`ravex.runtime.plan.by_name`)
+    as the ``state_dict`` ``opt`` loads: each key at the live parameter's index, each live
+    param group given the saved group that holds the same parameters, whatever their order."""
+    saved_groups = saved["param_groups"]
+    shapes = {k: list(shape) for g, group in zip(saved_groups, _as_lists(saved["shapes"]), strict=True)
+              for k, shape in zip(g["params"], group, strict=True)}
+    live_groups = [[keys[i] for i in range(start, start + len(g["params"]))]
+                   for start, g in zip(_starts(opt), opt.param_groups, strict=True)]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    missing = sorted(map(str, set(keys) - set(shapes)))
+    extra = sorted(map(str, set(shapes) - set(keys)))
+    if missing or extra:
+        raise RestoreError(f"{what} does not match the checkpoint: parameters not in the checkpoint "
+                           f"{missing[:5]}, not in this optimizer {extra[:5]}." + _FIX)
+    for key, param in zip(keys, params, strict=True):
+        if list(param.shape) != shapes[key]:
+            raise RestoreError(f"{what}: parameter {key!r} has shape {list(param.shape)} but "
+                               f"{shapes[key]} in the checkpoint." + _FIX)
+    index = {k: i for i, k in enumerate(keys)}
+    groups = []
+    for live in live_groups:
+        match = [g for g in saved_groups if sorted(map(str, g["params"])) == sorted(map(str, live))]
+        if len(match) != 1:
+            raise RestoreError(f"{what}: no param group of the checkpoint holds exactly the parameters "
+                               f"{[str(k) for k in live][:5]} (its groups: "
+                               f"{[[str(k) for k in g['params']][:3] for g in saved_groups]})." + _FIX)
+        groups.append({**match[0], "params": [index[k] for k in live]})
+    return {"state": {index[k]: v for k, v in saved["state"].items()}, "param_groups": groups}
+
+
+def _starts(opt: torch.optim.Optimizer) -> list[int]:
+    """Where each param group's parameters start in ``state_dict()``'s numbering."""
+    starts, at = [], 0
+    for group in opt.param_groups:
+        starts.append(at)
+        at += len(group["params"])
+    return starts
+
+
+def saved_param_states(opt: torch.optim.Optimizer, saved: dict[str, Any],
+                       names: dict[int, str]) -> list[tuple[torch.Tensor, Any]]:
+    """Each per-parameter state of a saved optimizer entry with the live parameter it
+    belongs to, matched by key (format 2) or index (format 1); keys ``opt`` lacks are
+    skipped (:func:`restore` names them)."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    if "param_groups" in saved:
+        where = {k: p for k, p in zip(param_keys(opt, names), params, strict=True)}
+        return [(where[k], st) for k, st in (saved.get("state") or {}).items() if k in where]
+    per_param = (saved.get("state") or {}).get("state") or {}
+    return [(params[k], st) for k, st in per_param.items() if isinstance(k, int) and 0 <= k < len(params)]
+
+
 def _shape(value: Any) -> tuple[int, ...]:
     return tuple(getattr(value, "shape", ()))
 
@@ -181,7 +245,10 @@ def _deferred(tree: dict[str, Any]) -> list[ArrayRef]:
     """The leaves :func:`restore` reads in place: model and optimizer state tensors."""
     refs = [v for m in tree.get("models", []) for v in (m.get("state") or {}).values()]
     for opt in tree.get("optimizers", []):
-        for entry in ((opt.get("state") or {}).get("state") or {}).values():
+        per_param = opt.get("state") or {}
+        if "param_groups" not in opt:  # format 1: the whole state_dict
+            per_param = per_param.get("state") or {}
+        for entry in per_param.values():
             if isinstance(entry, dict):
                 refs.extend(entry.values())
     return [r for r in refs if isinstance(r, ArrayRef)]

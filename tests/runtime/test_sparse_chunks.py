@@ -94,8 +94,8 @@ def test_sparse_table_deltas_are_small_and_resume_is_bitwise(tmp_path):
     small = SPARSE_CHUNK_BYTES // (DIM * 4)
     assert sum(r == [small] for r in rows.values()) == 3, rows  # one table: weight, exp_avg, exp_avg_sq
     assert rows["models/0/state/emb.weight"] == [small]
-    assert rows["optimizers/0/state/state/0/exp_avg"] == rows["optimizers/0/state/state/0/exp_avg_sq"] == [small]
-    assert rows["models/0/state/head.weight"] == [1] and rows["optimizers/1/state/state/0/exp_avg"] == [1]
+    assert rows["optimizers/0/state/emb.weight/exp_avg"] == rows["optimizers/0/state/emb.weight/exp_avg_sq"] == [small]
+    assert rows["models/0/state/head.weight"] == [1] and rows["optimizers/1/state/head.weight/exp_avg"] == [1]
     for step in (2, 3):  # each an interval that touched 1% of the rows
         stats = st.manifest(step, 0).stats
         manifest = os.path.getsize(os.path.join(store, "steps", str(step), "rank-0.json"))

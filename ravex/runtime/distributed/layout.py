@@ -30,7 +30,9 @@ from ravex.saving.ranks import REPLICATED
 from ravex.saving.tree import leaves, tree_map
 from ravex.saving.zarr import PER_RANK
 
+from ..plan import param_names
 from ..registry import Registry
+from ..restore import saved_param_states
 from ..rng import capture_rng
 from .collectives import initialized
 
@@ -120,13 +122,9 @@ def resolve(registry: Registry, loaded: LoadedStep, rank: int, world: int) -> di
         for key, ref in saved.get("state", {}).items():
             if isinstance(ref, ArrayRef) and _is_dtensor(live.get(key)):
                 live_of[id(ref)] = live[key]
+    names = param_names(models)
     for opt, saved in zip(registry.live("optimizers"), tree.get("optimizers", []), strict=False):
-        params = [p for group in opt.param_groups for p in group["params"]]
-        for pid, st in (saved.get("state", {}).get("state", {}) or {}).items():
-            try:
-                param = params[int(pid)]
-            except (ValueError, IndexError):
-                continue
+        for param, st in saved_param_states(opt, saved, names):
             if not _is_dtensor(param) or not isinstance(st, dict):
                 continue
             for ref in st.values():
