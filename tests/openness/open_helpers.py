@@ -11,6 +11,16 @@ import numpy as np
 from ravex.format import ArrayShard, open_store
 from ravex.format.dtypes import BY_NAME
 
+#: Lines that make a child process unable to import Ravex or torch (prepend to its code).
+BLOCK_RAVEX_TORCH = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("ravex", "torch"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
 #: Extension data types, and the integer type of their bits.
 RAW_BITS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
 

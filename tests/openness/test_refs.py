@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
-from open_helpers import RAW_BITS, same
+from open_helpers import BLOCK_RAVEX_TORCH, RAW_BITS, same
 
 from ravex.format import open_store
 from ravex.format.refs import refs_key, step_refs, write_refs
@@ -33,16 +33,6 @@ bits = zarr.open_array("reference://", path=path, mode="r",
                        storage_options={"fo": refs, "template_overrides": {"u": root}})[...]
 """
 
-BLOCK = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("ravex", "torch"):
-            raise ImportError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, _Block())
-"""
-
-
 def _run_without_ravex(zoo, root: str, cwd, out_dir) -> None:
     """Open the zoo step with the spec's lines and save every array (bits for extension types)."""
     extension = sorted(p for p, a in zoo.arrays.items() if a.dtype.name in RAW_BITS)
@@ -50,7 +40,7 @@ def _run_without_ravex(zoo, root: str, cwd, out_dir) -> None:
     loop = "\n".join("    " + line for line in RAW_BITS_LINES.strip().splitlines())
     code = "\n".join(
         [
-            BLOCK,
+            BLOCK_RAVEX_TORCH,
             f"root, step, out = {root!r}, {zoo.step}, {str(out_dir)!r}",
             "import numpy as np",
             FSSPEC_LINES,
