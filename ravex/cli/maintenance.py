@@ -89,10 +89,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _step_list(steps: list[int]) -> str:
+def _step_list(steps: list[int | str]) -> str:
     if not steps:
         return ""
-    shown = ", ".join(f"step_{s}" for s in steps[:8]) + (", ..." if len(steps) > 8 else "")
+    shown = ", ".join(f"step_{s}" if isinstance(s, int) else str(s) for s in steps[:8])
+    shown += ", ..." if len(steps) > 8 else ""
     return f"({shown}) "
 
 

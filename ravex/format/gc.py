@@ -134,7 +134,7 @@ def gc(
     tags = read_tags(store.storage)  # after t0: a tag that exists at t0 is seen
     listings = {name: view.list_steps() for name, view in views.items()}
     pinned = _pinned_steps(views, listings, tags)
-    deleted: dict[str, dict[int, tuple[str, ...]]] = {}
+    deleted: dict[str, dict[int, tuple[str, ...] | list[str]]] = {}
     for name, view in views.items():
         listing = listings[name]
         infos: dict[int, StepInfo] = {}
@@ -153,8 +153,8 @@ def gc(
             if step not in keep:
                 deleted.setdefault(name, {})[step] = listing[step].files
     if deleted and not dry_run:
-        for name, files in deleted.items():
-            views[name].delete_steps(files)
+        for name, doomed in deleted.items():
+            views[name].delete_steps(doomed)
         # Phase 3 lists again: whatever landed since the first listing is read too, in every
         # timeline (one forked since is among them).
         views = _timeline_catalogs(store)

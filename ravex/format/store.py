@@ -8,6 +8,7 @@ import this one, so the import graph has no cycle.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any
@@ -18,8 +19,8 @@ from .catalog import StepFiles, StepInfo, StoreCatalog
 from .errors import ManifestError, StepNotFoundError, StoreNotFoundError
 from .gc import DEFAULT_GRACE_SECONDS, GCReport, gc
 from .hashing import HASH_NAME
-from .reader import StepReader
 from .names import check_label, is_decimal
+from .reader import StepReader
 from .storage import RetryPolicy, open_storage
 from .tags import Tag, create_tag, delete_tag, read_tags, tag_key
 from .timelines import (
@@ -80,7 +81,7 @@ class CheckpointStore(StoreCatalog):
         timelines = timelines if timelines is not None else self.timelines()
         chain = lineage(timelines, self.timeline.name)
         out: list[tuple[CheckpointStore, int | None]] = [(self, None)]
-        for child, parent in zip(chain, chain[1:]):
+        for child, parent in itertools.pairwise(chain):
             out.append((self.on_timeline(parent.name, timelines), child.fork_step))
         return out
 
@@ -135,7 +136,7 @@ class CheckpointStore(StoreCatalog):
             return self.on_timeline(MAIN, timelines)
         created = {o.key: o.mtime for o in self.storage.walk(TIMELINES) if o.key.count("/") == 1}
         best, best_time = MAIN, float("-inf")
-        for name, timeline in timelines.items():
+        for name in timelines:
             view = self.on_timeline(name, timelines)
             when = created.get(timeline_key(name), float("-inf"))
             listing = view.list_steps()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -334,8 +335,10 @@ def _signals(value: Any) -> list[str]:
 def _resume(value: Any) -> str | int:
     if isinstance(value, str) and value in ("auto", "never"):
         return value
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}@(0|[1-9][0-9]{0,18})", value):
+        return value  # TIMELINE@STEP (spec/FORMAT.md §19)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected 'auto', 'never' or a step number, got {value!r}")
+        raise ValueError(f"expected 'auto', 'never' or a step number (or TIMELINE@STEP), got {value!r}")
     return value
 
 

@@ -73,18 +73,10 @@ class Resume:
         resume = self.config.resume
         if resume == "never" or self.backend is None:
             return
-        steps = self.backend.complete_steps()
         if resume == "auto":
-            self._candidates = sorted(steps, reverse=True)
-        else:
-            if resume not in steps:
-                from ravex.format.errors import StepNotFoundError
-
-                raise StepNotFoundError(
-                    f"resume: {resume} but {self.backend.url!r} has no complete step {resume}; "
-                    f"it has {steps[-5:]}{' (newest five)' if len(steps) > 5 else ''}"
-                )
-            self._candidates = [resume]
+            self._candidates = sorted(self.backend.complete_steps(), reverse=True)
+        else:  # an older step of a timeline forks a new one for this run's steps (spec §19)
+            self._candidates = [self.backend.resume_point(resume)]
         if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
             self._restored = False
             self._triggers = patches.install_restore_triggers(self)

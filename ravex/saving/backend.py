@@ -175,6 +175,27 @@ class CheckpointBackend(ABC):
         steps = self.complete_steps()
         return steps[-1] if steps else None
 
+    def resume_point(self, resume: int | str) -> int:
+        """The step a run told ``resume: <step>`` reads, once, before :meth:`complete_steps` is
+        asked again; a backend with timelines may switch to (or fork) the timeline it writes
+        (:meth:`ravex.saving.zarr.ZarrBackend.resume_point`). Here: a complete step number."""
+        from ravex.format.errors import StepNotFoundError
+
+        steps = self.complete_steps()
+        if resume not in steps:
+            named = "" if isinstance(resume, int) else " (timelines need the default zarr backend)"
+            raise StepNotFoundError(
+                f"resume: {resume} but {self.url!r} has no complete step {resume}{named}; "
+                f"it has {steps[-5:]}{' (newest five)' if len(steps) > 5 else ''}"
+            )
+        return int(resume)
+
+    def tag(self, name: str) -> str | None:
+        """Name the newest complete step so that retention never collects it; what was tagged."""
+        from ravex.format.errors import RavexError
+
+        raise RavexError(f"the {type(self).__name__} backend has no tags; tags need the default zarr backend")
+
     def load_latest(self) -> dict[str, Any] | None:
         step = self.latest_step()
         return None if step is None else self.load_step(step)

@@ -3,6 +3,11 @@
 A write is the commit of the step's manifest (:meth:`ZarrBackend._commit`) followed by the
 steps that need a committed step, each named: ``refs.json`` of the steps every rank has
 completed (several ranks, rank 0), then retention (rank 0: one GC per store).
+
+Steps are written to one timeline (spec/FORMAT.md §19): the one a plain rerun continues
+(:meth:`~ravex.format.CheckpointStore.current`), or a new one forked by :meth:`ZarrBackend.resume_point`
+when the run resumes a step that is not its timeline's newest. Its complete steps are that
+timeline's history, the parent's steps up to the fork included.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from ravex.format import open_store
+from ravex.format import RavexError, open_store
 from ravex.format.refs import refs_worth_writing, write_refs
+from ravex.format.timelines import split_ref
 from ravex.format.runs import write_run
 
 from .backend import CheckpointBackend, LoadedStep
@@ -43,6 +49,8 @@ class ZarrBackend(CheckpointBackend):
         self.config = config
         self.rank = rank
         self.world_size = world_size
+        #: the timeline this backend resumes from and writes to
+        self.timeline = self.store.current()
         self._writer: Any = None
         self._run_id: str | None = None
         self._refs_pending: list[int] = []
@@ -55,7 +63,7 @@ class ZarrBackend(CheckpointBackend):
 
     def discard_incomplete_above(self, floor: int | None) -> list[int]:
         # docstring inherited
-        return self.store.discard_incomplete_above(floor)
+        return self.timeline.discard_incomplete_above(floor)
 
     # ── writing (writer thread) ─────────────────────────────────────────
 
@@ -66,7 +74,7 @@ class ZarrBackend(CheckpointBackend):
         }
         if self._run_id is not None:
             kwargs["run"] = self._run_id
-        return self.store.writer(**kwargs)
+        return self.timeline.writer(**kwargs)
 
     def _write(self, job: Job) -> dict[str, Any]:
         result: dict[str, Any] = {"stats": self._commit(job)}
@@ -107,9 +115,9 @@ class ZarrBackend(CheckpointBackend):
         self._refs_pending = [*self._refs_pending[-7:], step]
         for pending in list(self._refs_pending):
             try:
-                if self.store.step_info(pending).complete:
-                    if refs_worth_writing(self.store, pending):
-                        write_refs(self.store, pending)
+                if self.timeline.step_info(pending).complete:
+                    if refs_worth_writing(self.timeline, pending):
+                        write_refs(self.timeline, pending)
                     self._refs_pending.remove(pending)
             except Exception as exc:  # the step is readable without it
                 logger.warning("ravex: refs.json of step %d not written: %s", pending, exc)
@@ -150,22 +158,52 @@ class ZarrBackend(CheckpointBackend):
     # ── reading ─────────────────────────────────────────────────────────
 
     def complete_steps(self) -> list[int]:
-        return sorted(self.store.complete_steps())
+        """The steps of this backend's timeline's history (spec §19), oldest first."""
+        return [step for _, step in self.timeline.lineage_steps()]
+
+    def resume_point(self, resume: int | str) -> int:
+        """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;
+        any older step forks a new one (``<timeline>-<step>``) for the steps this run writes, so
+        they never collide with the steps after it."""
+        name, text = split_ref(str(resume))
+        view = self.timeline if name is None else self.store.on_timeline(name)
+        owner, step = view.locate(text)
+        history = view.lineage_steps()
+        newest = (history[-1][0].timeline.name, history[-1][1]) if history else None
+        if newest == (owner.timeline.name, step):
+            self.timeline = view
+        elif self.world_size > 1:
+            raise RavexError(f"resume: {resume} is not the newest step of timeline {view.timeline.name!r}; "
+                             "rolling back with several ranks is not supported yet: resume it with one process")
+        else:
+            self.timeline = owner.fork(step, run=self._run_id)
+            logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
+                        step, view.timeline.name, self.timeline.timeline.name)
+        self._drop_writer()
+        return step
+
+    def tag(self, name: str) -> str | None:
+        """Rank 0 tags the newest step of this backend's timeline (the caller flushed first);
+        ``timeline@step`` or the step, None on other ranks."""
+        if self.rank != 0:
+            return None
+        return self.timeline.tag(name, "latest").ref
 
     def load_step(self, step: int) -> dict[str, Any] | None:
         """The step's tree with numpy arrays (rank 0's view of a multi-rank step)."""
-        tree: dict[str, Any] = self.store.read(step, rank=0)
+        tree: dict[str, Any] = self.timeline.read(step, rank=0)
         return tree
 
     def read_step(self, step: int, rank: int = 0, world_size: int = 1) -> LoadedStep | None:
         """One process and a one-process step: the tree with its tensors as ``ArrayRef``
         leaves, for the runtime to read straight into the live tensors. Otherwise this rank's
         view (its own per-rank state read, the rest left for the runtime: :class:`LoadedStep`)."""
-        if world_size == 1 and self.store.step_info(step).world_size == 1:
-            tree = self.store.open_step(step).tree(0)
+        owner, number = self.timeline.locate(step)
+        if world_size == 1 and owner.step_info(number).world_size == 1:
+            tree = owner.open_step(number).tree(0)
             if "distributed" not in tree:
                 return LoadedStep(tree)
-        reader = self.store.open_step(step)
+        reader = owner.open_step(number)
         saved_world = reader.world_size
         src = rank if rank < saved_world else 0
         tree = dict(reader.tree(src))

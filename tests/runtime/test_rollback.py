@@ -1,0 +1,66 @@
+"""Rolling back (issue 16): a store holds steps 5..35 of a real run; a rerun told
+``RAVEX_RESUME=20`` forks a new timeline, checkpoints over steps the old timeline holds, is
+SIGKILLed; a plain rerun continues the new timeline and ends bitwise equal to the run that never
+diverged (same seeds). The old timeline's steps read back exactly as before.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import torch
+
+from ravex.format import open_store
+
+from . import harness
+
+ARGV = [harness.PYTHON, str(harness.TRAINEE)]
+
+
+def _snapshot(store, steps):
+    """Every array of each step, as bytes: what 'reads back exactly' is compared against."""
+    out = {}
+    for step in steps:
+        reader = store.open_step(step)
+        out[step] = {p: np.ascontiguousarray(reader.read_array(p)).tobytes() for p in reader.arrays}
+    return out
+
+
+def test_roll_back_fork_kill_rerun_continues_the_new_timeline_bitwise(tmp_path, reference):
+    ref, ref_state = reference(0)
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 5\nkeep_last: 100\n")
+    env = dict(T_ENTRY="activate", T_WORKERS="0")
+
+    first = harness.run(ARGV, tmp_path, harness.child_env(**env))
+    assert first.returncode == 0, first.explain()
+    store = open_store(tmp_path / "ckpt")
+    assert store.complete_steps() == [5, 10, 15, 20, 25, 30, 35, 36]
+    before = _snapshot(store, [25, 30, 35, 36])
+
+    # Roll back to 20: checkpoint 25 lands in a new timeline; killed at step 27, its 7th (25 flushed).
+    rolled = harness.run(ARGV, tmp_path, harness.child_env(**env, RAVEX_RESUME="20", T_BLOCK_AT="step:7"),
+                         kill_on=r"BLOCKED")
+    assert rolled.returncode == -signal.SIGKILL and not rolled.timed_out, rolled.explain()
+    assert rolled.resumed_from == 20, rolled.explain()
+    assert rolled.losses == ref.losses[20:27]
+    assert "steps are immutable" not in rolled.stderr
+    timelines = store.timelines()
+    assert set(timelines) == {"main", "main-20"}
+    assert (timelines["main-20"].parent, timelines["main-20"].fork_step) == ("main", 20)
+    assert store.on_timeline("main-20").complete_steps() == [25]
+
+    # A plain rerun continues main-20 from its step 25 and ends where the undiverged run ended.
+    out = tmp_path / "final.pt"
+    rerun = harness.run(ARGV, tmp_path, harness.child_env(**env, T_OUT=str(out)))
+    assert rerun.returncode == 0, rerun.explain()
+    assert rerun.resumed_from == 25, rerun.explain()
+    assert rerun.losses == ref.losses[25:]
+    harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+    branch = store.on_timeline("main-20")
+    assert branch.complete_steps() == [25, 30, 35, 36]
+    assert [s for _, s in branch.lineage_steps()] == [5, 10, 15, 20, 25, 30, 35, 36]
+    assert store.complete_steps() == [5, 10, 15, 20, 25, 30, 35, 36]  # main untouched
+    assert _snapshot(store, [25, 30, 35, 36]) == before
+    assert store.current().timeline.name == "main-20"
