@@ -29,13 +29,14 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ravex.format import StepReader
+    from ravex.format.runs import RunRecord
     from ravex.format.summary import TensorStats
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """List steps: time, ranks, tensors, logical bytes, new bytes written, reuse."""
+    """List steps: time, training loss, ranks, tensors, logical bytes, new bytes written, reuse."""
     from ravex.format.summary import summarize_steps
-    from ravex.tui.formatting import human_bytes, percent, short_time
+    from ravex.tui.formatting import human_bytes, number, percent, short_time
 
     store = open_store_for(args.store)
     with progress_bar("listing") as progress:
@@ -50,7 +51,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         out.print(f"{store.url}: no steps yet", soft_wrap=True)
         return EXIT_OK
     table = Table(title=store.url, title_justify="left")
-    columns = [("step", "right"), ("time", "left"), ("ranks", "right"), ("tensors", "right"),
+    columns = [("step", "right"), ("time", "left"), ("loss", "right"), ("ranks", "right"), ("tensors", "right"),
                ("logical", "right"), ("new", "right"), ("reused", "right")]
     problems = any(not r.complete for r in rows)  # a column of its own only when some step has one
     if problems:
@@ -59,7 +60,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in rows:
         ranks = f"{len(r.ranks)}/{r.world_size}" if r.world_size else str(len(r.ranks))
-        cells = [f"step_{r.step}", short_time(r.created_at), ranks, str(r.tensors), human_bytes(r.logical_bytes),
+        cells = [f"step_{r.step}", short_time(r.created_at), number(r.loss, 6), ranks, str(r.tensors),
+                 human_bytes(r.logical_bytes),
                  human_bytes(r.new_bytes), percent(r.reuse_ratio)]
         if problems:
             cells.append("" if r.complete else f"[yellow]incomplete: {r.problem}[/]")
@@ -93,21 +95,27 @@ def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
 def cmd_show(args: argparse.Namespace) -> int:
     """Show a step's tree, or tensors' metadata, statistics and histogram."""
     from ravex.format.diff import step_values
-    from ravex.format.summary import dtype_name, read_tensor_stats
+    from ravex.format.summary import dtype_name, read_tensor_stats, step_loss
     from ravex.tui.formatting import display_path
 
     reader = open_step_for(args.step)
     if not args.tensors:
         tensors = sorted(reader.arrays)
         values = step_values(reader)
+        record, record_problem = _run_record(reader)
         if args.json:
+            loss = step_loss(reader.metadata)
             print_json({
                 "url": reader.store.url, "step": reader.step, "world_size": reader.world_size,
                 "metadata": reader.metadata,
+                "loss": loss if loss is None or math.isfinite(loss) else repr(loss),
+                "run": reader.manifests[0].run,
+                "run_record": record.to_json() if record is not None else None,
                 "tensors": [_tensor_json(reader, p) for p in tensors],
                 "values": values,
             })
             return EXIT_OK
+        _print_run(reader, record, record_problem)
         _print_tree(reader, tensors, values)
         return EXIT_OK
     all_values = step_values(reader)
@@ -131,6 +139,53 @@ def cmd_show(args: argparse.Namespace) -> int:
     for path, stats in results:
         _print_tensor(out, reader, path, stats, dtype_name(reader.arrays[path]))
     return EXIT_OK
+
+
+def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
+    """The record of the run that wrote the step, or why there is none to show."""
+    from ravex.format.errors import RavexError
+    from ravex.format.runs import read_run
+
+    try:
+        record = read_run(reader.store.storage, reader.manifests[0].run)
+    except RavexError as exc:
+        return None, str(exc)
+    return record, None if record is not None else "no run record (a store written before 1.1)"
+
+
+def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None) -> None:
+    """The step's loss and what the run that wrote it was: a few lines above the tree."""
+    from ravex.format.summary import step_loss
+    from ravex.tui.formatting import number
+
+    out = console()
+    out.print(f"[bold]step_{reader.step}[/]  loss [cyan]{number(step_loss(reader.metadata), 8)}[/]  "
+              f"run {reader.manifests[0].run}", soft_wrap=True)
+    if record is None:
+        out.print(f"  [dim]{problem}[/]", soft_wrap=True)
+        return
+    for line in run_lines(record):
+        out.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+
+
+def run_lines(record: RunRecord) -> list[str]:
+    """A run record as ``key: value`` lines: the command, git, host, versions, then the
+    configuration values that did not come from the defaults."""
+    import shlex
+
+    chosen = [f"{k}={_plain(v)} ({src})" for k, (v, src) in record.config.items() if src != "default"]
+    return [
+        f"command: {shlex.join(record.argv)}",
+        f"script: {record.script or '-'}  (cwd {record.cwd})",
+        f"git: {record.git.describe()}",
+        f"host: {record.hostname}, world size {record.world_size}, started {record.created_at}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in record.versions.items()),
+        "config: " + ("; ".join(chosen) if chosen else "all defaults"),
+    ]
+
+
+def _plain(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _tensor_json(reader: StepReader, path: str) -> dict[str, Any]:

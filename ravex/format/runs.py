@@ -68,7 +68,7 @@ class GitState:
         """``3f2a9c1d0e7b (dirty)``, or the reason there is no commit."""
         if self.commit is None:
             return self.unavailable or NOT_A_CHECKOUT
-        return f"{self.commit[:12]}{' (dirty)' if self.dirty else ''}"
+        return f"{self.commit[:12]} ({'dirty' if self.dirty else 'clean'})"
 
 
 @dataclass(frozen=True)

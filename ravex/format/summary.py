@@ -51,6 +51,10 @@ class StepSummary:
     logical_bytes: int = 0
     new_bytes: int = 0
     reused_bytes: int = 0
+    #: the training loss rank 0 recorded for the step (spec §21); None where none was (1.0)
+    loss: float | None = None
+    #: the run that wrote the step: its record is ``runs/<run>.json``
+    run: str | None = None
 
     @property
     def reuse_ratio(self) -> float | None:
@@ -61,7 +65,18 @@ class StepSummary:
         d = dict(self.__dict__)
         d["ranks"] = list(self.ranks)
         d["reuse_ratio"] = self.reuse_ratio
+        if self.loss is not None and not math.isfinite(self.loss):
+            d["loss"] = repr(self.loss)  # JSON has no nan or inf
         return d
+
+
+def step_loss(metadata: Any) -> float | None:
+    """The ``loss`` a manifest's metadata records (spec §21), or None: absent (1.0) or not a number."""
+    text = metadata.get("loss") if isinstance(metadata, dict) else None
+    try:
+        return float(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
 
 
 #: A manifest's small fields (step, rank, world_size, run, created_at, metadata, stats) come before
@@ -150,6 +165,8 @@ def summarize_step(store: CheckpointStore, step: int) -> StepSummary:
         max(str(h.get("created_at", "")) for h in used),
         max(int((h.get("stats") or {}).get("arrays", 0) or 0) for h in used),
         total("logical_bytes"), total("new_bytes"), total("reused_bytes"),
+        step_loss(headers[0].get("metadata")) if 0 in headers else None,
+        first.get("run") if isinstance(first.get("run"), str) else None,
     )
 
 

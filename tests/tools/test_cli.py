@@ -45,7 +45,7 @@ def test_ls_table_has_no_empty_column(cli, tmp_path):
     assert len(rows) == 3, r.out
     for line in rows:
         cells = line.split("│")[1:-1]
-        assert len(cells) == 7 and all(c.strip() for c in cells), line
+        assert len(cells) == 8 and all(c.strip() for c in cells), line
     assert "problem" not in r.out
 
 
