@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 from ravex.format import RavexError, open_store
 from ravex.format.refs import refs_worth_writing, write_refs
-from ravex.format.timelines import split_ref
 from ravex.format.runs import write_run
+from ravex.format.timelines import split_ref
 
 from .backend import CheckpointBackend, LoadedStep
 from .load import read_refs
