@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +68,11 @@ def test_a_malformed_record_is_one_clear_error(tmp_path, mutate, message) -> Non
     (tmp_path / "s" / "runs" / "0123abcd.json").write_text(json.dumps(doc))
     with pytest.raises(RavexError, match=message):  # ManifestError, FormatVersionError
         read_run(store.storage, "0123abcd")
+
+
+def test_the_spec_documents_exactly_the_members_written() -> None:
+    """spec/FORMAT.md §20's table lists every member of the record Ravex writes, and no other."""
+    text = (Path(__file__).resolve().parents[2] / "spec" / "FORMAT.md").read_text(encoding="utf-8")
+    section = text.split("\n## 20. Run records")[1].split("\n## ")[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M))
+    assert documented == set(_record().to_json())
