@@ -18,17 +18,23 @@ act on a verdict that is Ravex's, not the script's); the line and ``ravex status
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-from . import patches, runrecord
+from ravex.saving.backend import CheckpointBackend
+from ravex.saving.plan import SavePlan
+
+from . import frameworks, patches, runrecord
 from .cadence import Cadence
 from .config import RavexConfig
+from .registry import LoaderState
 
 logger = logging.getLogger("ravex")
 
@@ -108,10 +114,14 @@ class RavexRuntime(Cadence):
         self._patches: patches.Patches | None = None
         self._shut = False
         self._excepthook: tuple[Any, Any] | None = None
+        #: what the framework integrations (:mod:`.frameworks`) add to every checkpoint, by name
+        self._integrations: dict[str, Callable[[], Any]] = {}
+        self._saved_integrations: dict[str, Any] = {}  # their entries in the resumed step
 
     def activate(self, scan_existing: bool = True) -> None:
         _setup_logging(self.config.log_level)
         self._patches = patches.install(self)
+        frameworks.watch(self, self._patches)
         if scan_existing:
             self._scan_existing()
         self._open_backend()
@@ -149,6 +159,49 @@ class RavexRuntime(Cadence):
             if self._patches is not None:
                 self._patches.undo()
                 self._patches = None
+
+    # ── what framework integrations ask of the runtime (:mod:`.frameworks`) ──
+
+    def track_integration(self, name: str, state: Callable[[], Any]) -> None:
+        """Every checkpoint from now on stores ``state()`` (typed JSON) under ``integrations/<name>``."""
+        self._integrations[name] = state
+
+    def integration_state(self, name: str) -> Any:
+        """What ``integrations/<name>`` held in the step this rerun resumes from; None when it
+        resumes nothing. Read before the restore, so a framework can place its loop first."""
+        if self.backend is not None and (self._candidates or self.world_size > 1):
+            self._load_resume()
+        return self._saved_integrations.get(name)
+
+    def position_loader(self, loader: Any, epoch: int, consumed: int) -> bool:
+        """A framework that counts the batches its loop consumed puts ``loader`` there: its next
+        ``__iter__`` is epoch ``epoch`` (the saved one, replayed) and skips ``consumed`` batches,
+        whatever a look-ahead wrapper had fetched. False when the resumed step has no such
+        position for it (another epoch, or no entry), and nothing changes."""
+        if self.backend is None:
+            return False
+        self._load_resume()
+        saved = self._resume_loaders or []
+        index = next((i for i, obj in enumerate(self.registry.live("loaders")) if obj is loader), None)
+        if index is None or index >= len(saved) or int(saved[index]["epoch"]) != epoch:
+            return False
+        saved[index].update(yielded=consumed, exhausted=False)
+        st: LoaderState = self.registry.loader_state(loader)
+        st.epoch = epoch - 1  # the next __iter__ is the saved epoch, not one passed through empty
+        return True
+
+    def _load_resume(self) -> dict[str, Any] | None:
+        tree = super()._load_resume()
+        if tree is not None and not self._saved_integrations:
+            self._saved_integrations = dict(tree.get("integrations") or {})
+        return tree
+
+    def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
+        plan = super()._plan(backend, st, reason)
+        if not self._integrations:
+            return plan
+        extra = {name: state() for name, state in self._integrations.items()}
+        return dataclasses.replace(plan, tree={**plan.tree, "integrations": extra})
 
     def found_step(self) -> int | None:
         """The complete step this run found to resume from (the one read, once one was)."""

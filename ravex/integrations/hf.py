@@ -1,0 +1,169 @@
+"""HuggingFace ``transformers.Trainer`` resumes exactly through Ravex, zero-code.
+
+Under ``ravex enable`` (or after ``ravex.activate()``) Ravex already saves and restores what
+the Trainer builds from torch: the model, the optimizer and LR scheduler it creates, the RNG
+streams and the DataLoader's position. What only the Trainer knows is its own loop's
+position: ``TrainerState`` (``global_step``, ``epoch``, ``max_steps``, the log history, the
+stateful callbacks). This module, installed by the runtime when ``transformers.trainer`` is
+imported (:mod:`ravex.runtime.frameworks`), keeps that in every checkpoint and, on a rerun,
+feeds it to the Trainer's own resume path, the one ``train(resume_from_checkpoint=...)``
+takes, without a checkpoint directory:
+
+- ``Trainer._init_training_state`` loads the saved ``TrainerState`` and returns the epochs
+  done and the batches done in the current epoch, computed as the Trainer computes them
+  from ``global_step``: its epoch loop starts at the interrupted epoch (no finished epoch
+  runs empty, which the Trainer would take for an empty dataset and stop);
+- ``Trainer._run_epoch`` of that epoch runs as a resumed one (its step counter, fractional
+  epoch and number of update steps continue), while the batches are skipped by Ravex at
+  the sampler, after replaying the epoch's RNG state (``get_resumed_dataloader`` hands the
+  loader back unchanged and ``_load_rng_state`` leaves the restored RNG alone);
+- the DataLoader's position is the batches the Trainer *consumed* (its ``global_step``),
+  not those fetched: accelerate's loader reads one batch ahead, so the fetched count is one
+  too many, and the batch in its look-ahead would be lost.
+
+A ``train(resume_from_checkpoint=...)`` call is left to the Trainer's own resume.
+
+Needs the ``hf`` extra: ``pip install 'ravex[hf]'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+EXTRA = "ravex[hf]"
+#: the checkpoint's ``integrations/<NAME>`` entry: ``{"trainer_state": <TrainerState JSON>}``
+NAME = "hf_trainer"
+
+Replace = Callable[[Any, str, Callable[[Any], Any]], None]
+
+
+class TrainerRuntime(Protocol):
+    """What this integration asks of the runtime (:class:`ravex.runtime.lifecycle.RavexRuntime`)."""
+
+    def track_integration(self, name: str, state: Callable[[], Any]) -> None: ...
+
+    def integration_state(self, name: str) -> Any: ...
+
+    def position_loader(self, loader: Any, epoch: int, consumed: int) -> bool: ...
+
+
+class _FromRavex(str):
+    """The ``resume_from_checkpoint`` the resumed epoch runs with: no directory, Ravex's step."""
+
+
+FROM_RAVEX = _FromRavex("<ravex checkpoint>")
+
+
+def require() -> Any:
+    """``transformers``, or a one-line error naming the extra."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(f"the HuggingFace integration needs transformers: pip install '{EXTRA}'") from exc
+    return transformers
+
+
+def install(runtime: TrainerRuntime, replace: Replace) -> None:
+    """Wrap the four Trainer methods of its resume path (``replace`` records the undo)."""
+    from transformers import Trainer
+
+    replace(Trainer, "_init_training_state", lambda original: _init_training_state(runtime, original))
+    replace(Trainer, "_run_epoch", lambda original: _run_epoch(runtime, original))
+    replace(Trainer, "get_resumed_dataloader", _get_resumed_dataloader)
+    replace(Trainer, "_load_rng_state", _load_rng_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Position:
+    """Where a resumed Trainer stands, as ``Trainer`` computes it from ``global_step``."""
+
+    epoch: int
+    batches: int  # batches consumed in ``epoch``
+
+
+def _init_training_state(runtime: TrainerRuntime, original: Any) -> Any:
+    def wrapper(self: Any, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
+                resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
+        done: tuple[int, int] = original(self, max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                         resume_from_checkpoint, trial)
+        trainer = weakref.ref(self)
+        runtime.track_integration(NAME, lambda: _snapshot(trainer()))
+        saved = runtime.integration_state(NAME)
+        if resume_from_checkpoint is not None or not saved:
+            return done
+        from transformers import TrainerState
+
+        self.state = TrainerState(**json.loads(saved["trainer_state"]))
+        self._load_callback_state()
+        epochs = self.state.global_step // num_update_steps_per_epoch
+        batches = 0
+        if not self.args.ignore_data_skip:
+            batches = self.state.global_step % num_update_steps_per_epoch * self.args.gradient_accumulation_steps
+        self.state.init_training_references(self, max_steps, num_train_epochs, trial)
+        self.__dict__["_ravex_position"] = _Position(epochs, batches)
+        return epochs, batches
+
+    return wrapper
+
+
+def _run_epoch(runtime: TrainerRuntime, original: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        position: _Position | None = self.__dict__.get("_ravex_position")
+        if position is None or kwargs.get("epoch") != position.epoch:
+            return original(self, *args, **kwargs)
+        del self.__dict__["_ravex_position"]
+        dataloader = kwargs["train_dataloader"]
+        loader = getattr(dataloader, "base_dataloader", dataloader)  # accelerate's wrapper iterates it
+        if not runtime.position_loader(loader, position.epoch, position.batches) or not position.batches:
+            return original(self, *args, **kwargs)
+        kwargs.update(resume_from_checkpoint=FROM_RAVEX, epochs_trained=position.epoch,
+                      steps_trained_in_current_epoch=position.batches)
+        self.__dict__["_ravex_skipping"] = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.__dict__.pop("_ravex_skipping", None)
+
+    return wrapper
+
+
+def _get_resumed_dataloader(original: Any) -> Any:
+    def wrapper(self: Any, dataloader: Any, num_batches: int) -> Any:
+        if self.__dict__.get("_ravex_skipping"):
+            return dataloader  # Ravex skips at the sampler, under the epoch's replayed RNG
+        return original(self, dataloader, num_batches)
+
+    return wrapper
+
+
+def _load_rng_state(original: Any) -> Any:
+    def wrapper(self: Any, checkpoint: str | None) -> None:
+        if checkpoint is FROM_RAVEX:
+            return  # Ravex restored every RNG stream with the step
+        original(self, checkpoint)
+
+    return wrapper
+
+
+def _snapshot(trainer: Any) -> dict[str, Any] | None:
+    """The Trainer's state as ``trainer_state.json`` holds it, callbacks' states refreshed."""
+    if trainer is None:
+        return None
+    from transformers.trainer_callback import ExportableState
+
+    state = dataclasses.asdict(trainer.state)
+    exported: dict[str, Any] = {}
+    for cb in [*trainer.callback_handler.callbacks, trainer.control]:
+        if isinstance(cb, ExportableState):
+            name = type(cb).__name__
+            if name in exported:
+                previous = exported[name]
+                exported[name] = [*(previous if isinstance(previous, list) else [previous]), cb.state()]
+            else:
+                exported[name] = cb.state()
+    state["stateful_callbacks"] = exported
+    return {"trainer_state": json.dumps(state, sort_keys=True)}

@@ -1,0 +1,70 @@
+"""HuggingFace Trainer under ``ravex enable``, zero-code: a real Trainer script (tiny GPT-2,
+random tokens, ``max_steps=60`` over two epochs, ``save_strategy="no"``) SIGKILLed in its first
+or its second epoch and rerun unchanged ends bitwise equal to an uninterrupted run without
+Ravex, with Trainer's own ``global_step`` and log history (step, epoch, loss, learning rate,
+grad norm of every step) continuing as if never stopped."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from runtime import harness  # tests/runtime: the kill-and-rerun harness
+from runtime.conftest import make_venv
+
+TRAINEE = Path(__file__).with_name("hf_trainee.py")
+STEPS, PER_EPOCH, EVERY = 60, 30, 4
+ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """The script run once to the end, without Ravex."""
+    cwd = tmp_path_factory.mktemp("hf-reference")
+    env = harness.child_env(T_OUT=str(cwd / "final.pt"), **ENV)
+    result = harness.run([sys.executable, str(TRAINEE)], cwd, env)
+    assert result.returncode == 0, result.explain()
+    final = torch.load(cwd / "final.pt", weights_only=True)
+    assert final["global_step"] == STEPS and len(final["logs"]) == STEPS
+    return final
+
+
+@pytest.fixture(scope="module")
+def enabled(tmp_path_factory) -> str:
+    return make_venv(tmp_path_factory.mktemp("hf-venv"))
+
+
+def _written_at_least(step: int) -> str:
+    """A ``STEP`` line whose newest written checkpoint is ``step`` or later."""
+    return rf"STEP \d+ \S+ W(?:{'|'.join(str(s) for s in range(step, STEPS + 1))})$"
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_trainer_killed_in_either_epoch_resumes_bitwise(tmp_path, uninterrupted, enabled, epoch):
+    # A random checkpoint of the epoch; the run is killed once that one is on storage.
+    seed = random.randrange(10**6)
+    first = epoch * PER_EPOCH + EVERY * random.Random(seed).randint(1, (PER_EPOCH - 2) // EVERY)
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), **ENV)
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
+    assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
+
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0, f"seed {seed}: " + rerun.explain()
+    assert rerun.resumed_from is not None and first <= rerun.resumed_from < (epoch + 1) * PER_EPOCH, (
+        f"seed {seed}, checkpoint {first}: " + rerun.explain())
+    steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
+    assert steps == list(range(rerun.resumed_from + 1, STEPS + 1)), f"seed {seed}: {steps}"
+    assert "single sample" not in rerun.stderr and "NOT restored" not in rerun.stderr, rerun.stderr
+
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["global_step"] == STEPS
+    assert final["logs"] == uninterrupted["logs"], f"seed {seed}: Trainer's log history differs"
+    harness.assert_same_state(final["model"], uninterrupted["model"], "model")
