@@ -20,8 +20,10 @@ from .common import (
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    """Compare two steps tensor by tensor; unchanged chunks are never read."""
+    """Compare two steps tensor by tensor; unchanged chunks are never read. RNG streams and
+    loader positions are listed apart, after the training tensors and values."""
     from ravex.format.diff import change_order, diff
+    from ravex.format.sections import named, object_names
     from ravex.tui.formatting import display_path
 
     store_a = open_store_for(split_step(args.a)[0])
@@ -35,10 +37,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         tensors = [t for t in tensors if t.status != "changed" or t.rel_l2 is None or not t.rel_l2 < args.threshold]
     values = [v for v in result.values if args.all or v.status != "unchanged"]
+    kept = [t for t in result.bookkeeping if args.all or t.status != "unchanged"]
+    kept_values = [v for v in result.bookkeeping_values if args.all or v.status != "unchanged"]
+    names = {**object_names(a.manifests[0].tree), **object_names(b.manifests[0].tree)}
+
+    def shown(name: str) -> str:
+        return named(display_path(name), names)
+
     if args.json:
         doc = result.to_json()
         doc["tensors"] = [t.to_json() for t in tensors]
         doc["values"] = [v.to_json() for v in values]
+        doc["bookkeeping"] = [t.to_json() for t in kept]
+        doc["bookkeeping_values"] = [v.to_json() for v in kept_values]
         doc["summary"] = _diff_summary(result)
         print_json(doc)
         return EXIT_OK
@@ -56,7 +67,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
         for t in tensors:
             table.add_row(
-                display_path(t.name), t.status, f"{t.chunks_changed}/{t.chunks_total}", shape_text(t.shape),
+                shown(t.name), t.status, f"{t.chunks_changed}/{t.chunks_total}", shape_text(t.shape),
                 number(t.max_abs), number(t.rel_l2), number(t.cosine, 6), style=change_style(t.rel_l2, t.status),
             )
         out.print(table)
@@ -65,9 +76,24 @@ def cmd_diff(args: argparse.Namespace) -> int:
         for col in ("name", "status", "a", "b"):
             vt.add_column(col)
         for v in values:
-            vt.add_row(v.name, v.status, repr(v.a), repr(v.b))
+            vt.add_row(shown(v.name), v.status, repr(v.a), repr(v.b))
         out.print(vt)
+    if kept or kept_values:
+        bt = Table(title="RNG and loader state", title_justify="left")
+        for col in ("name", "status", "change"):
+            bt.add_column(col)
+        for t in kept:
+            bt.add_row(display_path(t.name), t.status, f"{t.chunks_changed}/{t.chunks_total} chunks")
+        for v in kept_values:
+            bt.add_row(v.name, v.status, f"{_short(v.a)} → {_short(v.b)}")
+        out.print(bt)
     return EXIT_OK
+
+
+def _short(value: object, width: int = 40) -> str:
+    """A value's repr cut to ``width`` (an RNG state is hundreds of numbers)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _diff_summary(result: StepDiff) -> dict[str, int]:

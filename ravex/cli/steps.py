@@ -71,9 +71,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
+    from ravex.format.sections import named, object_names
     from ravex.tui.formatting import display_path
 
     by_display = {display_path(p): p for p in reader.arrays}
+    scripts = object_names(reader.manifests[0].tree)
+    by_display.update({named(d, scripts): p for d, p in list(by_display.items())})  # models/netG/...
     found: list[str] = []
     for name in names:
         name = name.strip("/")
@@ -189,13 +192,15 @@ def _plain(value: Any) -> str:
 
 
 def _tensor_json(reader: StepReader, path: str) -> dict[str, Any]:
+    from ravex.format.sections import is_bookkeeping, named, object_names
     from ravex.format.summary import dtype_name
     from ravex.tui.formatting import display_path
 
     e = reader.arrays[path]
     itemsize = max(1, _itemsize(e))
     return {
-        "path": path, "name": display_path(path), "shape": list(e.shape), "dtype": dtype_name(e),
+        "path": path, "name": named(display_path(path), object_names(reader.manifests[0].tree)),
+        "bookkeeping": is_bookkeeping(path), "shape": list(e.shape), "dtype": dtype_name(e),
         "chunk_shape": list(e.chunk_shape), "chunks": len(e.chunks),
         "logical_bytes": math.prod(e.shape) * itemsize, "stored_bytes": e.stored_bytes(),
     }
@@ -213,12 +218,15 @@ def _itemsize(entry: Any) -> int:
 def _print_tree(reader: StepReader, tensors: list[str], values: dict[str, Any]) -> None:
     from rich.tree import Tree
 
+    from ravex.format.sections import is_bookkeeping, named, object_names
     from ravex.format.summary import dtype_name
     from ravex.tui.formatting import display_path, human_bytes, shape_text
 
     out = console()
-    root = Tree(f"[bold]{reader.store.url}@step_{reader.step}[/]  "
-                f"({reader.world_size} rank(s), {len(tensors)} tensors)")
+    kept = sum(1 for p in tensors if is_bookkeeping(p))
+    root = Tree(f"[bold]{reader.store.url}@step_{reader.step}[/]  ({reader.world_size} rank(s), "
+                f"{len(tensors) - kept} tensors" + (f", {kept} of RNG and loader state)" if kept else ")"))
+    scripts = object_names(reader.manifests[0].tree)
     nodes: dict[str, Any] = {"": root}
 
     def node_for(parts: list[str]) -> Any:
@@ -230,10 +238,10 @@ def _print_tree(reader: StepReader, tensors: list[str], values: dict[str, Any]) 
     leaves: list[tuple[str, str]] = []
     for p in tensors:
         e = reader.arrays[p]
-        leaves.append((display_path(p), f"{shape_text(e.shape)} {dtype_name(e)}  "
+        leaves.append((named(display_path(p), scripts), f"{shape_text(e.shape)} {dtype_name(e)}  "
                        f"[dim]{len(e.chunks)} chunks, {human_bytes(e.stored_bytes())} stored[/]"))
     for name, value in values.items():
-        leaves.append((name, f"[cyan]{value!r}[/]"))
+        leaves.append((named(name, scripts), f"[cyan]{value!r}[/]"))
     for name, text in sorted(leaves):
         parts = name.split("/")
         node_for(parts[:-1]).add(f"{parts[-1]}  {text}")

@@ -1,7 +1,9 @@
 """Diff of two steps, possibly from two stores.
 
 Which chunks changed is known from the manifests alone (raw digests); only the
-tensors that changed are read, to measure by how much. This is the one diff: the
+tensors that changed are read, to measure by how much. RNG streams and loader/loop
+positions (:mod:`.sections`) sit apart from the training tensors and values, compared
+from the manifests only: how far an RNG state moved means nothing. This is the one diff: the
 ``ravex diff`` verb, the inspector and anything that exports a diff use it.
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .reader import ArrayRef, StepReader
+from .sections import is_bookkeeping
 from .summary import Progress, no_progress
 
 
@@ -52,12 +55,15 @@ class ValueDiff:
 
 @dataclass
 class StepDiff:
-    """Every tensor and value of two steps, ``a`` the reference."""
+    """Every tensor and value of two steps, ``a`` the reference; RNG and loader/loop
+    bookkeeping in ``bookkeeping`` and ``bookkeeping_values``, not in ``tensors``/``values``."""
 
     a: str
     b: str
     tensors: list[TensorDiff] = field(default_factory=list)
     values: list[ValueDiff] = field(default_factory=list)
+    bookkeeping: list[TensorDiff] = field(default_factory=list)
+    bookkeeping_values: list[ValueDiff] = field(default_factory=list)
 
     def changed(self) -> list[TensorDiff]:
         return [t for t in self.tensors if t.status != "unchanged"]
@@ -68,6 +74,8 @@ class StepDiff:
             "b": self.b,
             "tensors": [t.to_json() for t in self.tensors],
             "values": [v.to_json() for v in self.values],
+            "bookkeeping": [t.to_json() for t in self.bookkeeping],
+            "bookkeeping_values": [v.to_json() for v in self.bookkeeping_values],
         }
 
 
@@ -80,7 +88,7 @@ def diff(a: StepReader, b: StepReader, stats: bool = True, progress: Progress | 
     """
     out = StepDiff(f"{a.store.url}@{a.step}", f"{b.store.url}@{b.step}")
     for name in sorted(set(a.arrays) | set(b.arrays)):
-        out.tensors.append(_manifest_diff(a, b, name))
+        (out.bookkeeping if is_bookkeeping(name) else out.tensors).append(_manifest_diff(a, b, name))
     if stats:
         progress = progress or no_progress
         changed = [i for i, t in enumerate(out.tensors) if t.status == "changed"]
@@ -90,13 +98,14 @@ def diff(a: StepReader, b: StepReader, stats: bool = True, progress: Progress | 
         progress(len(changed), len(changed), "")
     va, vb = _flat_values(a), _flat_values(b)
     for name in sorted(set(va) | set(vb)):
+        values = out.bookkeeping_values if is_bookkeeping(name) else out.values
         if name not in va:
-            out.values.append(ValueDiff(name, "added", None, vb[name]))
+            values.append(ValueDiff(name, "added", None, vb[name]))
         elif name not in vb:
-            out.values.append(ValueDiff(name, "removed", va[name], None))
+            values.append(ValueDiff(name, "removed", va[name], None))
         else:
             same = _same(va[name], vb[name])
-            out.values.append(ValueDiff(name, "unchanged" if same else "changed", va[name], vb[name]))
+            values.append(ValueDiff(name, "unchanged" if same else "changed", va[name], vb[name]))
     return out
 
 

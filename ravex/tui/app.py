@@ -277,8 +277,9 @@ class InspectorApp(App[None]):
         if prev_step is not None:
             try:
                 values = step_values(self.reader(prev_step))
-                has_prev = leaf.name in values
-                prev_value = values.get(leaf.name)
+                key = leaf.path or leaf.name
+                has_prev = key in values
+                prev_value = values.get(key)
             except Exception:
                 pass
         text = render_value(leaf, step, prev_value, has_prev)

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from ravex.format import RavexError, StepReader
 from ravex.format.diff import TensorDiff, ValueDiff, step_values
+from ravex.format.sections import named, object_names
 from ravex.format.summary import (
     ChunkShare,
     Progress,
@@ -44,9 +45,9 @@ from .formatting import (
 class Leaf:
     """One entry of the tensor tree: a tensor (``path`` is its array path) or a plain value."""
 
-    name: str  # the user's path, segments unescaped: "model/layer.0.weight"
+    name: str  # the user's path, segments unescaped: "model/layer.0.weight", "models/netG/..."
     kind: str  # tensor | value
-    path: str | None = None
+    path: str | None = None  # a tensor's array path; a value's path in the tree ("models/0/type")
     value: Any = None
 
     @property
@@ -55,13 +56,15 @@ class Leaf:
 
 
 def step_leaves(reader: StepReader) -> list[Leaf]:
-    """Every tensor (all ranks) and every plain value (rank 0) of a step, sorted by name."""
-    leaves = [Leaf(display_path(p), "tensor", p) for p in reader.arrays]
+    """Every tensor (all ranks) and every plain value (rank 0) of a step, sorted by name;
+    a model or optimizer the script named is shown by that name (``models/netG/...``)."""
+    scripts = object_names(reader.manifests[0].tree)
+    leaves = [Leaf(named(display_path(p), scripts), "tensor", p) for p in reader.arrays]
     try:
         values = step_values(reader)
     except Exception:  # a tree that does not decode still lists its tensors
         values = {}
-    leaves.extend(Leaf(name, "value", None, v) for name, v in values.items())
+    leaves.extend(Leaf(named(name, scripts), "value", name, v) for name, v in values.items())
     return sorted(leaves, key=lambda leaf: natural_key(leaf.name))
 
 

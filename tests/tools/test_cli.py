@@ -155,7 +155,10 @@ def test_diff_sorted_by_relative_change_with_values(cli, run_store):
     embed = next(t for t in changed if t["name"] == "model/embed.weight")
     assert embed["chunks_changed"] == 1 and embed["chunks_total"] == 2
     assert "model/frozen.table" not in {t["name"] for t in doc["tensors"]}  # unchanged hidden without --all
-    assert doc["summary"] == {"changed": 4, "unchanged": 5}
+    assert doc["summary"] == {"changed": 4, "unchanged": 4}  # training tensors: RNG state sits apart
+    assert doc["bookkeeping"] == [] and "rng/numpy" not in {t["name"] for t in doc["tensors"]}
+    r = cli("diff", f"{run_store}@100", f"{run_store}@200", "--json", "--all")
+    assert [(t["name"], t["status"]) for t in r.json()["bookkeeping"]] == [("rng/numpy", "unchanged")]
     values = {v["name"]: v for v in doc["values"]}
     assert values["optimizer/param_groups/0/lr"] == {"name": "optimizer/param_groups/0/lr", "status": "changed",
                                                      "a": 0.001, "b": 0.0005}

@@ -94,7 +94,7 @@ async def test_diff_previous_step_sorted_by_relative_change(run_store):
         assert rel == sorted(rel, reverse=True) and all(r is not None and r > 0 for r in rel)
         assert "model/frozen.table" not in names
         title = str(app.query_one("#diff-title").render())
-        assert "4 changed, 5 unchanged, 4 values changed" in title
+        assert "4 changed, 4 unchanged, 4 values changed" in title  # RNG state sits apart
         assert [v.name for v in app.diff_values] == [
             "data/index", "optimizer/param_groups/0/lr", "optimizer/state/0/step", "scheduler/last_epoch"]
         table = app.query_one("#diff-table")
