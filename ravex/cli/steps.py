@@ -30,27 +30,42 @@ if TYPE_CHECKING:
 
     from ravex.format import StepReader
     from ravex.format.runs import RunRecord
-    from ravex.format.summary import TensorStats
+    from ravex.format.summary import StepSummary, TensorStats
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """List steps: time, training loss, ranks, tensors, logical bytes, new bytes written, reuse."""
     from ravex.format.summary import summarize_steps
-    from ravex.tui.formatting import human_bytes, number, percent, short_time
+
+    from .timelines import timeline_tree
 
     store = open_store_for(args.store)
     with progress_bar("listing") as progress:
         rows = list(summarize_steps(store, progress))
-    if args.json:
-        print_json({"url": store.url, "steps": [r.to_json() for r in rows]})
+        tree = timeline_tree(store, rows)  # timelines (spec §19) and tags
+    if args.json:  # "steps": main's, as before timelines; "timelines": every timeline's own steps
+        print_json({"url": store.url, "steps": [r.to_json() for r in rows], **tree.to_json()})
         return EXIT_OK
-    from rich.table import Table
-
     out = console()
-    if not rows:
+    if not rows and not tree.interesting:
         out.print(f"{store.url}: no steps yet", soft_wrap=True)
         return EXIT_OK
-    table = Table(title=store.url, title_justify="left")
+    for branch in tree.branches():
+        title = (store.url if branch.parent is None
+                 else f"timeline {branch.name} (forked at {branch.parent}@{branch.fork_step})")
+        if branch.rows:
+            _print_steps(out, title, branch.rows)
+    if tree.interesting:
+        tree.print(out)
+    return EXIT_OK
+
+
+def _print_steps(out: Console, title: str, rows: list[StepSummary]) -> None:
+    from rich.table import Table
+
+    from ravex.tui.formatting import human_bytes, number, percent, short_time
+
+    table = Table(title=title, title_justify="left")
     columns = [("step", "right"), ("time", "left"), ("loss", "right"), ("ranks", "right"), ("tensors", "right"),
                ("logical", "right"), ("new", "right"), ("reused", "right")]
     problems = any(not r.complete for r in rows)  # a column of its own only when some step has one
@@ -67,7 +82,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
             cells.append("" if r.complete else f"[yellow]incomplete: {r.problem}[/]")
         table.add_row(*cells, style=None if r.complete else "dim")
     out.print(table)
-    return EXIT_OK
 
 
 def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
@@ -159,7 +173,7 @@ def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
 def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None) -> None:
     """The step's loss and what the run that wrote it was: a few lines above the tree."""
     from ravex.format.summary import step_loss
-    from ravex.tui.formatting import number
+    from ravex.tui.formatting import number, run_lines
 
     out = console()
     out.print(f"[bold]step_{reader.step}[/]  loss [cyan]{number(step_loss(reader.metadata), 8)}[/]  "
@@ -169,26 +183,6 @@ def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None
         return
     for line in run_lines(record):
         out.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
-
-
-def run_lines(record: RunRecord) -> list[str]:
-    """A run record as ``key: value`` lines: the command, git, host, versions, then the
-    configuration values that did not come from the defaults."""
-    import shlex
-
-    chosen = [f"{k}={_plain(v)} ({src})" for k, (v, src) in record.config.items() if src != "default"]
-    return [
-        f"command: {shlex.join(record.argv)}",
-        f"script: {record.script or '-'}  (cwd {record.cwd})",
-        f"git: {record.git.describe()}",
-        f"host: {record.hostname}, world size {record.world_size}, started {record.created_at}",
-        "versions: " + ", ".join(f"{k} {v}" for k, v in record.versions.items()),
-        "config: " + ("; ".join(chosen) if chosen else "all defaults"),
-    ]
-
-
-def _plain(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _tensor_json(reader: StepReader, path: str) -> dict[str, Any]:

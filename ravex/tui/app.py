@@ -23,6 +23,7 @@ from textual.worker import get_current_worker
 
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
 from ravex.format.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff, step_values
+from ravex.format.runs import RunRecord, read_run
 from ravex.format.summary import StepSummary, summarize_steps
 from ravex.format.validate import Finding, ValidationReport, validate
 
@@ -42,6 +43,7 @@ from .model import (
     step_leaves,
     value_cells,
 )
+from .timelines import timeline_text
 from .widgets import (
     DetailsPane,
     DiffPane,
@@ -111,6 +113,7 @@ class InspectorApp(App[None]):
         self._generation = 0  # bumped by every new diff or validation; older workers' results are dropped
         self._pending_tensor: str | None = None
         self._step_complete = False
+        self._runs: dict[str, RunRecord] = {}  # run records read so far, by run id
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -119,6 +122,7 @@ class InspectorApp(App[None]):
         yield Static("", id="message")
         with Horizontal(id="main"):
             with Vertical(id="left"):
+                yield Static("", id="timelines")
                 yield StepsPane(id="steps")
                 yield TensorPane(id="tensors")
             with ContentSwitcher(initial="details", id="right"):
@@ -160,6 +164,7 @@ class InspectorApp(App[None]):
                 if len(got) % STEPS_BATCH == 0:
                     self.call_from_thread(self._set_steps, list(got), False)
             self.call_from_thread(self._set_steps, got, True)
+            self.call_from_thread(self._set_timelines, timeline_text(self.store))
         except RavexError as exc:
             self.call_from_thread(self.show_message, _store_problem(self.url, exc))
         except Exception as exc:  # any storage failure is a message, never a traceback
@@ -179,6 +184,12 @@ class InspectorApp(App[None]):
         if done and not any(s.complete for s in summaries):
             self.notify("No step is complete yet: a run may be writing its first checkpoint.", severity="warning")
 
+    def _set_timelines(self, text: Text | None) -> None:
+        """The timelines and tags above the steps (spec §19); hidden when there are none."""
+        box = self.query_one("#timelines", Static)
+        box.update(text or "")
+        box.display = text is not None
+
     def on_steps_pane_chosen(self, event: StepsPane.Chosen) -> None:
         s = event.summary
         if s.step == self.step and s.complete == self._step_complete:
@@ -187,6 +198,8 @@ class InspectorApp(App[None]):
         self._step_complete = s.complete
         self.leaf = None
         self.query_one(DetailsPane).show(render_step(s))
+        if s.run:
+            self.load_run(s)
         tree = self.query_one(TensorTree)
         if not s.complete:
             self.leaves, self._made_nodes = [], {}
@@ -195,6 +208,27 @@ class InspectorApp(App[None]):
             return
         tree.loading = True  # a step of 10,000 tensors takes a moment to parse
         self.load_step(s.step)
+
+    @work(thread=True, exclusive=True, group="run")
+    def load_run(self, s: StepSummary) -> None:
+        """The record of the run that wrote step ``s`` (spec §20), into the step's details."""
+        assert s.run is not None and self.store is not None
+        record, note = self._runs.get(s.run), None
+        if record is None:
+            try:
+                record = read_run(self.store.storage, s.run)
+            except Exception as exc:  # a damaged record is a line in the pane, never a traceback
+                note = f"run record unreadable: {one_line(exc)}"
+            else:
+                if record is None:
+                    note = "no run record (a store written before 1.1)"
+                else:
+                    self._runs[s.run] = record
+        self.call_from_thread(self._show_run, s, record, note)
+
+    def _show_run(self, s: StepSummary, record: RunRecord | None, note: str | None) -> None:
+        if s.step == self.step and self.leaf is None:
+            self.query_one(DetailsPane).show(render_step(s, record, note))
 
     def reader(self, step: int) -> StepReader:
         """A cached reader for a complete step (any thread)."""

@@ -6,9 +6,14 @@ Tests call these directly; widgets and rich tables only arrange what they return
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ravex.format.names import unescape_key
+
+if TYPE_CHECKING:
+    from ravex.format.runs import RunRecord
 
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -154,3 +159,30 @@ def step_label(step: int) -> str:
 def short_time(iso: str) -> str:
     """``2026-12-02T18:33:20.650+00:00`` -> ``2026-12-02 18:33:20``."""
     return iso[:19].replace("T", " ") if iso else "-"
+
+
+def run_lines(record: RunRecord) -> list[str]:
+    """A run record (spec §20) as ``key: value`` lines: the command, script, git, host and
+    versions, then only the configuration values that did not come from the defaults."""
+    chosen = [f"{k}={_plain(v)} ({src})" for k, (v, src) in record.config.items() if src != "default"]
+    return [
+        f"command: {shlex.join(record.argv)}",
+        f"script: {record.script or '-'}  (cwd {record.cwd})",
+        f"git: {record.git.describe()}",
+        f"host: {record.hostname}, world size {record.world_size}, started {record.created_at}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in record.versions.items()),
+        "config: " + ("; ".join(chosen) if chosen else "all defaults"),
+    ]
+
+
+def loss_sparkline(losses: Sequence[float], width: int | None = None) -> str:
+    """The losses of successive steps as a sparkline from their lowest (▁) to their highest (█),
+    so that a spike late in training stands out; values that are not finite are left out."""
+    finite = [v for v in losses if math.isfinite(v)]
+    low = min(finite, default=0.0)
+    return sparkline([v - low for v in finite], width=width)
+
+
+def _plain(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from ravex.format import RavexError, StepReader
 from ravex.format.diff import TensorDiff, ValueDiff, step_values
+from ravex.format.runs import RunRecord
 from ravex.format.sections import named, object_names
 from ravex.format.summary import (
     ChunkShare,
@@ -35,6 +36,7 @@ from .formatting import (
     human_bytes,
     number,
     percent,
+    run_lines,
     shape_text,
     short_bytes,
     short_time,
@@ -166,8 +168,9 @@ def step_row(s: StepSummary, max_new: int, width: int = 6) -> Text:
     return label
 
 
-def render_step(s: StepSummary) -> Text:
-    """The details pane for a step (no tensor selected yet)."""
+def render_step(s: StepSummary, record: RunRecord | None = None, note: str | None = None) -> Text:
+    """The details pane for a step (no tensor selected yet): what it holds, its training loss,
+    and the record of the run that wrote it (``note`` says why there is none, once looked for)."""
     t = Text()
     t.append(f"step_{s.step}\n", style="bold")
     if not s.complete:
@@ -179,6 +182,15 @@ def render_step(s: StepSummary) -> Text:
     t.append(f"logical   {human_bytes(s.logical_bytes)}\n")
     t.append(f"written   {human_bytes(s.new_bytes)} new, {human_bytes(s.reused_bytes)} reused "
              f"({percent(s.reuse_ratio)})\n")
+    t.append(f"loss      {number(s.loss, 8)}\n")
+    if s.run:
+        t.append(f"run       {s.run}\n")
+    if record is not None:
+        t.append("\n")
+        for line in run_lines(record):
+            t.append(line + "\n")
+    elif note:
+        t.append(f"\n{note}\n", style="dim")
     t.append("\nPick a tensor on the left (tab, arrows, enter).", style="dim")
     return t
 

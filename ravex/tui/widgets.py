@@ -17,7 +17,7 @@ from textual.widgets.tree import TreeNode
 
 from ravex.format.summary import StepSummary
 
-from .formatting import sparkline
+from .formatting import loss_sparkline, sparkline
 from .model import Leaf, children, step_row, tree_index
 
 #: Tree nodes opened by a filter at most; more matches stay collapsed (still lazily expandable).
@@ -25,7 +25,8 @@ FILTER_EXPAND_MAX = 200
 
 
 class StepsPane(Vertical):
-    """Steps with the bytes each one added: a sparkline over the run and one bar per step."""
+    """Steps with the bytes each one added: sparklines over the run (bytes added, training loss)
+    and one bar per step."""
 
     class Chosen(Message):
         def __init__(self, summary: StepSummary) -> None:
@@ -68,9 +69,15 @@ class StepsPane(Vertical):
             options.highlighted = None
 
     def _draw_sparkline(self) -> None:
+        """The bytes each step added and, where steps recorded one, the training loss across them."""
         width = self.content_size.width - 8
         spark = sparkline([s.new_bytes for s in self.summaries], width=width if width > 4 else None)
-        self.query_one("#spark", Static).update(Text.assemble(("added ", "dim"), (spark, "green")))
+        text = Text.assemble(("added ", "dim"), (spark, "green"))
+        losses = [s.loss for s in self.summaries if s.complete and s.loss is not None]
+        if losses:
+            text.append_text(Text.assemble(("\nloss  ", "dim"),
+                                           (loss_sparkline(losses, width=width if width > 4 else None), "cyan")))
+        self.query_one("#spark", Static).update(text)
 
     def on_resize(self) -> None:
         if self.summaries:

@@ -11,6 +11,8 @@ from ravex.format import open_store
 
 #: Chunks of 4 KiB so that small tensors still have several chunks to share or change.
 CHUNK_BYTES = 4096
+#: The run id every step of these stores carries, so that what shows it (the inspector) repeats.
+RUN = "0fixed0run0id"
 
 
 def training_state(rng: np.random.Generator) -> dict:
@@ -44,7 +46,7 @@ def write_run(path: str | os.PathLike[str], steps: tuple[int, ...] = (100, 200, 
     rng = np.random.default_rng(seed)
     state = training_state(rng)
     store = open_store(path, create=True)
-    with store.writer(chunk_bytes=CHUNK_BYTES) as w:
+    with store.writer(chunk_bytes=CHUNK_BYTES, run=RUN) as w:
         for i, step in enumerate(steps):
             if i:
                 m = state["model"]
@@ -58,7 +60,7 @@ def write_run(path: str | os.PathLike[str], steps: tuple[int, ...] = (100, 200, 
                 state["data"]["index"] = 10 * i
             w.commit(step, state)
     if incomplete is not None:
-        with store.writer(rank=0, world_size=2, chunk_bytes=CHUNK_BYTES) as w:
+        with store.writer(rank=0, world_size=2, chunk_bytes=CHUNK_BYTES, run=RUN) as w:
             w.commit(incomplete, state)
     return Path(path)
 

@@ -20,7 +20,7 @@ def _store(path: Path) -> Path:
     with store.writer(run="0a1b2c3d") as w:
         for step, loss in LOSSES.items():
             metadata = {} if loss is None else {"loss": repr(loss)}
-            w.commit(step, {"w": np.full(4, step, "float32")}, metadata=metadata)
+            w.commit(step, {"model": {"w": np.full(4, step, "float32")}}, metadata=metadata)
     write_run(store.storage, RunRecord(
         run="0a1b2c3d", created_at="2026-12-03T12:00:00.000+00:00", argv=("train.py", "--lr", "0.1"),
         script="/w/train.py", cwd="/w", git=GitState("c0ffee" + "0" * 34, False), hostname="node-7",
@@ -66,3 +66,53 @@ def test_a_1_0_store_shows_no_loss_and_no_record(cli, tmp_path):
     assert r.rc == 0, r
     assert "loss -" in r.out and "no run record (a store written before 1.1)" in r.out
     assert cli("show", f"{store}@1", "--json").json()["run_record"] is None
+
+
+def test_the_inspector_draws_the_loss_and_shows_the_run(tmp_path):
+    import asyncio
+
+    from conftest import settle
+
+    from ravex.tui.app import InspectorApp
+    from ravex.tui.formatting import SPARK
+
+    store = _store(tmp_path / "s")
+
+    async def drive() -> tuple[str, str, str]:
+        app = InspectorApp(str(store))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            spark = str(app.query_one("#spark").render())
+            newest = str(app.query_one("#details-body").render())  # step 4: no loss recorded
+            await pilot.press("up", "up")  # step 2
+            await settle(pilot)
+            return spark, newest, str(app.query_one("#details-body").render())
+
+    spark, newest, second = asyncio.run(drive())
+    loss_line = spark.splitlines()[1]
+    # steps 1 and 2 have finite losses: the highest is the top bar, the lowest the bottom one
+    assert loss_line == f"loss  {SPARK[-1]}{SPARK[0]}", spark
+    assert "loss      -" in newest
+    assert "loss      0.3" in second and "run       0a1b2c3d" in second
+    assert "git: c0ffee000000 (clean)" in second and "host: node-7, world size 1" in second
+
+
+def test_the_inspector_says_a_1_0_store_has_no_run_record(tmp_path):
+    import asyncio
+
+    from conftest import settle
+
+    from ravex.tui.app import InspectorApp
+
+    store = tmp_path / "example"
+    shutil.copytree(EXAMPLE, store)
+
+    async def drive() -> tuple[str, str]:
+        app = InspectorApp(str(store))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            return str(app.query_one("#spark").render()), str(app.query_one("#details-body").render())
+
+    spark, details = asyncio.run(drive())
+    assert "loss" not in spark  # no sparkline of nothing
+    assert "loss      -" in details and "no run record (a store written before 1.1)" in details
