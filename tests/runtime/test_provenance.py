@@ -155,3 +155,31 @@ def test_secrets_are_masked_wherever_they_appear() -> None:
                            "--token", "***", "s3://***@h/x")
     assert record.config["storage.url"] == ("s3://***@bucket/run", "activate()")
     assert record.config["storage.access_key"] == ("***", "env AWS_ACCESS_KEY_ID")
+
+
+@pytest.mark.usefixtures("ravex_clean")
+def test_the_loss_under_amp_is_the_unscaled_one_and_a_non_scalar_backward_is_not_a_loss(tmp_path: Path) -> None:
+    """``scaler.scale(loss).backward()`` records ``loss``, not ``loss * scale``; a later backward
+    through a non-scalar output (with an explicit gradient) leaves the loss in place."""
+    import ravex
+
+    ravex.activate(storage=str(tmp_path / "store"), checkpoint_every=2, keep_last=0)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    for _ in range(4):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        out = model(torch.randn(3, 4))
+        out.backward(torch.ones_like(out))  # not a loss: three elements
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    ravex.checkpoint()
+    ravex.flush()
+    store = open_store(tmp_path / "store")
+    assert float(store.open_step(4).metadata["loss"]) == losses[3]
+    assert float(store.open_step(2).metadata["loss"]) == losses[1]
