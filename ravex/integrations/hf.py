@@ -15,24 +15,31 @@ takes, without a checkpoint directory:
   runs empty, which the Trainer would take for an empty dataset and stop);
 - ``Trainer._run_epoch`` of that epoch runs as a resumed one (its step counter, fractional
   epoch and number of update steps continue), while the batches are skipped by Ravex at
-  the sampler, after replaying the epoch's RNG state (``get_resumed_dataloader`` hands the
-  loader back unchanged and ``_load_rng_state`` leaves the restored RNG alone);
+  the sampler, after replaying the epoch's RNG state (the ``skip_first_batches`` the Trainer
+  calls, directly or through ``get_resumed_dataloader``, hands the loader back unchanged and
+  ``_load_rng_state`` leaves the restored RNG alone);
 - the DataLoader's position is the batches the Trainer *consumed* (its ``global_step``),
   not those fetched: accelerate's loader reads one batch ahead, so the fetched count is one
   too many, and the batch in its look-ahead would be lost.
 
-A ``train(resume_from_checkpoint=...)`` call is left to the Trainer's own resume.
+A ``train(resume_from_checkpoint=...)`` call is left to the Trainer's own resume. A
+transformers whose Trainer lacks one of these methods is left alone, with one warning line:
+Ravex still restores the torch objects, but not the Trainer's position.
 
-Needs the ``hf`` extra: ``pip install 'ravex[hf]'``.
+Needs the ``hf`` extra: ``pip install 'ravex[hf]'`` (the transformers and accelerate it pins).
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
+
+logger = logging.getLogger("ravex")
 
 EXTRA = "ravex[hf]"
 #: the checkpoint's ``integrations/<NAME>`` entry: ``{"trainer_state": <TrainerState JSON>}``
@@ -58,23 +65,32 @@ class _FromRavex(str):
 FROM_RAVEX = _FromRavex("<ravex checkpoint>")
 
 
-def require() -> Any:
-    """``transformers``, or a one-line error naming the extra."""
-    try:
-        import transformers
-    except ImportError as exc:
-        raise ImportError(f"the HuggingFace integration needs transformers: pip install '{EXTRA}'") from exc
-    return transformers
+#: set while a Ravex-resumed epoch runs: the Trainer's ``skip_first_batches`` skips nothing then
+_SKIPPING: contextvars.ContextVar[bool] = contextvars.ContextVar("ravex_hf_skipping", default=False)
+
+#: what :func:`install` wraps: the Trainer's methods of its resume path
+METHODS = ("_init_training_state", "_run_epoch", "_load_rng_state")
 
 
 def install(runtime: TrainerRuntime, replace: Replace) -> None:
-    """Wrap the four Trainer methods of its resume path (``replace`` records the undo)."""
-    from transformers import Trainer
+    """Wrap the Trainer's resume path (``replace`` records the undo), or warn and wrap nothing
+    when this transformers has not the methods it consists of."""
+    import transformers
+    from transformers import trainer as trainer_module
 
-    replace(Trainer, "_init_training_state", lambda original: _init_training_state(runtime, original))
-    replace(Trainer, "_run_epoch", lambda original: _run_epoch(runtime, original))
-    replace(Trainer, "get_resumed_dataloader", _get_resumed_dataloader)
-    replace(Trainer, "_load_rng_state", _load_rng_state)
+    trainer = trainer_module.Trainer
+    missing = [name for name in METHODS if name not in trainer.__dict__]
+    if "skip_first_batches" not in trainer_module.__dict__:
+        missing.append("skip_first_batches")
+    if missing:
+        logger.warning("ravex: transformers %s has no Trainer %s: the Trainer's step and epoch are not resumed "
+                       "(install the version Ravex pins: pip install '%s')",
+                       transformers.__version__, ", ".join(missing), EXTRA)
+        return
+    replace(trainer, "_init_training_state", lambda original: _init_training_state(runtime, original))
+    replace(trainer, "_run_epoch", lambda original: _run_epoch(runtime, original))
+    replace(trainer, "_load_rng_state", _load_rng_state)
+    replace(trainer_module, "skip_first_batches", _skip_first_batches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,20 +138,20 @@ def _run_epoch(runtime: TrainerRuntime, original: Any) -> Any:
             return original(self, *args, **kwargs)
         kwargs.update(resume_from_checkpoint=FROM_RAVEX, epochs_trained=position.epoch,
                       steps_trained_in_current_epoch=position.batches)
-        self.__dict__["_ravex_skipping"] = True
+        token = _SKIPPING.set(True)
         try:
             return original(self, *args, **kwargs)
         finally:
-            self.__dict__.pop("_ravex_skipping", None)
+            _SKIPPING.reset(token)
 
     return wrapper
 
 
-def _get_resumed_dataloader(original: Any) -> Any:
-    def wrapper(self: Any, dataloader: Any, num_batches: int) -> Any:
-        if self.__dict__.get("_ravex_skipping"):
+def _skip_first_batches(original: Any) -> Any:
+    def wrapper(dataloader: Any, num_batches: int = 0) -> Any:
+        if _SKIPPING.get():
             return dataloader  # Ravex skips at the sampler, under the epoch's replayed RNG
-        return original(self, dataloader, num_batches)
+        return original(dataloader, num_batches)
 
     return wrapper
 
