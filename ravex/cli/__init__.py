@@ -2,9 +2,9 @@
 
 Each verb is a :class:`~ravex.cli.common.Verb` declared by the module of its group:
 :mod:`~ravex.cli.activation` (enable, disable, status), :mod:`~ravex.cli.steps` (ls, show),
-:mod:`~ravex.cli.diff`, :mod:`~ravex.cli.maintenance` (validate, gc), :mod:`~ravex.cli.export`
-and :mod:`~ravex.cli.browse` (inspect). A verb reads stores through :mod:`ravex.format` and
-imports nothing heavy until it runs: no torch, and Textual only for ``inspect``.
+:mod:`~ravex.cli.timelines` (tag), :mod:`~ravex.cli.diff`, :mod:`~ravex.cli.maintenance` (validate,
+gc), :mod:`~ravex.cli.export` and :mod:`~ravex.cli.browse` (inspect). A verb reads stores through
+:mod:`ravex.format` and imports nothing heavy until it runs: no torch, and Textual only for ``inspect``.
 
 Exit status: 0 ok, 1 a finding (a failed validation), 2 bad usage, a bad ``ravex.yaml`` or an
 unreadable store, with one line on stderr that names the fix; 130 when interrupted.
@@ -18,12 +18,13 @@ import sys
 from ravex import __version__
 from ravex.errors import RavexError
 
-from . import activation, browse, diff, export, maintenance, steps
+from . import activation, browse, diff, export, maintenance, steps, timelines
 from .common import EXIT_OK, EXIT_USAGE, UsageError, Verb
 
 #: Every verb, in the order ``ravex --help`` lists them.
 VERBS: tuple[Verb, ...] = (
-    *activation.VERBS, *steps.VERBS, *diff.VERBS, *maintenance.VERBS, *export.VERBS, *browse.VERBS,
+    *activation.VERBS, *steps.VERBS, *timelines.VERBS, *diff.VERBS, *maintenance.VERBS, *export.VERBS,
+    *browse.VERBS,
 )
 
 

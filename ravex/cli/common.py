@@ -2,8 +2,10 @@
 to fail (:class:`UsageError`), output for humans and for scripts, and how a verb is declared.
 
 Naming: ``STORE`` defaults to ``$RAVEX_STORAGE``, else the ``storage`` of ``./ravex.yaml``, else
-``./checkpoints``. A step is ``step_100``, ``100``, ``latest``, or ``STORE@step_100`` to name
-another store. Nothing heavy is imported here: no torch, no Textual, no zarr.
+``./checkpoints``. A step is ``step_100``, ``100``, ``latest``, ``TIMELINE@100`` for a step of
+another timeline (spec/FORMAT.md §19; a bare step is in the current one, the timeline a plain
+rerun continues), or ``STORE@step_100`` / ``STORE@TIMELINE@100`` to name another store. Nothing
+heavy is imported here: no torch, no Textual, no zarr.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 #: Exit status: done; a finding (a failed validation); bad usage or an unreadable store.
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
 _STEP = re.compile(r"^(latest|step_\d+|\d+)$")
+_TIMELINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class UsageError(Exception):
@@ -77,14 +80,21 @@ def default_store(
 
 
 def split_step(spec: str) -> tuple[str | None, str]:
-    """``STORE@step_100`` -> ``(STORE, "step_100")``; ``step_100`` -> ``(None, "step_100")``."""
+    """``STORE@step_100`` -> ``(STORE, "step_100")``; ``step_100`` -> ``(None, "step_100")``;
+    ``exp@100`` -> ``(None, "exp@100")`` when ``exp`` is a timeline name and no path or URL of
+    that name exists (else it names a store); ``STORE@exp@100`` -> ``(STORE, "exp@100")``."""
     if "@" in spec:
-        store, step = spec.rsplit("@", 1)
-        if _STEP.match(step) and store:
-            return store, step
-        raise UsageError(f"{spec!r}: after '@' comes a step (step_100, 100 or latest)")
+        rest, step = spec.rsplit("@", 1)
+        if not (_STEP.match(step) and rest):
+            raise UsageError(f"{spec!r}: after '@' comes a step (step_100, 100 or latest)")
+        store, sep, timeline = rest.rpartition("@")
+        if sep and store and _TIMELINE.fullmatch(timeline):
+            return store, f"{timeline}@{step}"
+        if _TIMELINE.fullmatch(rest) and not os.path.exists(rest):
+            return None, f"{rest}@{step}"
+        return rest, step
     if not _STEP.match(spec):
-        raise UsageError(f"{spec!r} is not a step; use step_100, 100, latest or STORE@step_100")
+        raise UsageError(f"{spec!r} is not a step; use step_100, 100, latest, TIMELINE@100 or STORE@step_100")
     return None, spec
 
 
@@ -119,7 +129,7 @@ def open_step_for(spec: str, store: CheckpointStore | None = None) -> StepReader
     if store is None:
         store = open_store_for(store_url)
     try:
-        return store.open_step(step)
+        return (store if "@" in step else store.current()).open_step(step)
     except RavexError as exc:
         raise UsageError(one_line(exc)) from None
 
@@ -174,7 +184,8 @@ def store_argument(p: argparse.ArgumentParser) -> None:
 
 def step_argument(p: argparse.ArgumentParser) -> None:
     """The ``STEP`` of a verb that reads one step."""
-    p.add_argument("step", metavar="STEP", help="step_100, 100, latest or STORE@step_100")
+    p.add_argument("step", metavar="STEP",
+                   help="step_100, 100, latest, TIMELINE@100 (default: the current timeline) or STORE@step_100")
 
 
 def json_argument(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,113 @@
+"""Timelines and tags from the command line and in the inspector (spec/FORMAT.md §19): the tree
+``ravex ls`` prints, ``ravex tag``, ``TIMELINE@STEP`` in the verbs that take a step, and what
+GC keeps."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import settle
+
+from ravex.format import open_store
+from ravex.tui.app import InspectorApp
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def state(step: int, branch: int) -> dict:
+    return {"w": np.full(1000, step * 10 + branch, np.float32), "step": step}
+
+
+@pytest.fixture
+def forked(tmp_path: Path) -> Path:
+    """main 60, 70, 80; main-60 forked at 60 with 70 and 80 of its own (the current timeline)."""
+    root = tmp_path / "ckpt"
+    store = open_store(root, create=True)
+    with store.writer() as w:
+        for s in (60, 70, 80):
+            w.commit(s, state(s, 0))
+    with store.fork(60).writer() as w:
+        for s in (70, 80):
+            w.commit(s, state(s, 1))
+    return root
+
+
+def test_ls_shows_the_tree_and_steps_take_a_timeline(cli, forked):
+    env = {"RAVEX_STORAGE": str(forked)}
+    r = cli("tag", "spike-free", "main@70", env=env)
+    assert r.rc == 0 and "tagged 70 as spike-free" in r.out, r
+    r = cli("ls", env=env)
+    assert r.rc == 0, r
+    assert "timeline main-60 (forked at main@60)" in r.out
+    assert "main  steps 60..80 (3)  tags: spike-free -> 70" in r.out
+    assert "main-60  steps 70..80 (2)  forked at main@60  <- current" in r.out
+    doc = cli("ls", "--json", env=env).json()
+    assert [s["step"] for s in doc["steps"]] == [60, 70, 80]  # main's, as a 1.0 reader lists them
+    tls = {t["name"]: t for t in doc["timelines"]}
+    assert (tls["main-60"]["parent"], tls["main-60"]["fork_step"], tls["main-60"]["current"]) == ("main", 60, True)
+    assert [s["step"] for s in tls["main-60"]["steps"]] == [70, 80]
+    assert doc["current_timeline"] == "main-60" and doc["tags"][0]["name"] == "spike-free"
+    # a bare step is the current timeline's; main@70 is the old one's
+    assert cli("show", "70", "--json", env=env).json()["values"]["step"] == 70
+    d = cli("diff", "main@70", "70", "--json", env=env)
+    assert d.rc == 0 and d.json()["tensors"], d
+    out = forked.parent / "w.safetensors"
+    e = cli("export", "main-60@80", "--format", "safetensors", str(out), env=env)
+    assert e.rc == 0, e
+    from safetensors.numpy import load_file
+
+    assert load_file(out)["w"][0] == 801
+
+
+def test_tag_lists_deletes_and_refuses_bad_input_in_one_line(cli, forked):
+    env = {"RAVEX_STORAGE": str(forked)}
+    assert "no tags" in cli("tag", env=env).out
+    assert cli("tag", "good", "latest", env=env).out.strip() == "tagged main-60@80 as good"
+    bad = {
+        ("tag", "", "70"): "tag name is empty",
+        ("tag", "x" * 65, "70"): "is 65 characters; use at most 64",
+        ("tag", "../escape", "70"): "may only hold letters",
+        ("tag", "missing", "99"): "step 99",
+        ("tag", "good", "70"): "tag 'good' already exists",
+        ("tag", "x", "nope@70"): "no timeline 'nope'",
+        ("tag", "--delete", "absent"): "no tag 'absent'",
+    }
+    for args, why in bad.items():
+        r = cli(*args, env=env)
+        assert r.rc == 2 and why in r.err and r.err.count("\n") == 1, (args, r)
+    listed = cli("tag", "--json", env=env).json()["tags"]
+    assert [(t["name"], t["timeline"], t["step"]) for t in listed] == [("good", "main-60", 80)]
+    assert cli("tag", "--delete", "good", env=env).out.strip() == "deleted tag good (was main-60@80)"
+    assert open_store(forked).tags() == {}
+
+
+def test_gc_never_collects_a_tagged_step_of_any_timeline(cli, forked):
+    env = {"RAVEX_STORAGE": str(forked)}
+    assert cli("tag", "keep", "main@60", env=env).rc == 0
+    r = cli("gc", "--keep-last", "1", "--grace", "0", "--json", env=env)
+    assert r.rc == 0, r
+    assert sorted(map(str, r.json()["kept_steps"])) == ["60", "80", "main-60@80"]
+    store = open_store(forked)
+    assert store.read("main@60")["w"].tobytes() == state(60, 0)["w"].tobytes()
+    assert store.read("main-60@80")["w"].tobytes() == state(80, 1)["w"].tobytes()
+    assert cli("validate", "--full", env=env).rc == 0  # objects of main-60 are not orphans
+
+
+def test_the_inspector_shows_the_timelines_and_tags(forked):
+    open_store(forked).tag("good", "main-60@70")
+
+    async def run() -> str:
+        app = InspectorApp(str(forked))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            box = app.query_one("#timelines")
+            assert box.display
+            return str(box.render())
+
+    text = asyncio.run(run())
+    assert "main  60..80 (3)" in text
+    assert "main-60  70..80 (2)  from main@60  current" in text
+    assert "tag good -> main-60@70" in text
