@@ -246,6 +246,8 @@ def validate(
     progress(len(numbers), len(numbers), "manifests")
 
     every_step = steps is None
+    if every_step:
+        report.findings.extend(_other_timelines(store, named))
     orphans = [name for name in sizes if name not in named] if every_step else []
     if full:
         # an object only ever too small is reported as that, not rehashed; an orphan is rehashed
@@ -281,6 +283,33 @@ def validate(
             "orphan_object", f"{sizes[name][0]} is named by no manifest (garbage; `ravex gc` removes it)", object=name
         ))
     return report
+
+
+def _other_timelines(store: CheckpointStore, named: set[str]) -> list[Finding]:
+    """The objects the steps of every timeline but ``main`` name, into ``named`` (so that they
+    are not orphans, spec §19), and the manifests or timeline documents that do not parse."""
+    from .catalog import StoreCatalog
+    from .timelines import MAIN, read_timelines
+
+    try:
+        timelines = read_timelines(store.storage)
+    except (RavexError, OSError) as exc:
+        return [Finding("malformed_manifest", f"timelines: {exc}")]
+    findings = []
+    for name, timeline in timelines.items():
+        if name == MAIN:
+            continue
+        view = StoreCatalog(store.storage, store.root, timeline)
+        for step in view.step_numbers():
+            for rank in manifest_ranks(store.storage.list_dir(view.step_dir(step))):
+                try:
+                    m = view.manifest(step, rank)
+                except (RavexError, OSError) as exc:
+                    findings.append(Finding("malformed_manifest", f"{name}@{step} rank {rank}: {exc}", step, rank))
+                    continue
+                for entry in m.arrays.values():
+                    named.update(ref.object for ref in entry.chunks.values() if ref.object is not None)
+    return findings
 
 
 def _is_object(name: str, key: str) -> bool:
