@@ -42,6 +42,7 @@ __all__ = [
     "loop",
     "status",
     "step",
+    "tag",
 ]
 
 
@@ -103,6 +104,25 @@ def flush() -> None:
     runtime = lifecycle.get_runtime()
     if runtime is not None:
         runtime.flush()
+
+
+def tag(name: str) -> str | None:
+    """Name the **last** checkpoint so that retention (``keep_last``) and ``ravex gc`` never collect it.
+
+    Waits for the write in flight, then tags the newest step of the timeline this run writes:
+    the last checkpoint this run took (call :func:`checkpoint` first to tag the state as it is
+    now), or, before its first, the step it resumed from. Returns what was tagged (``"60"``, or
+    ``"exp@60"`` on another timeline); None on ranks other than 0, which tag nothing. Inactive,
+    a bad or taken name, or no step yet: a one-line error. ``ravex tag NAME STEP`` tags any step.
+    """
+    from ravex.runtime import lifecycle
+
+    runtime = lifecycle.get_runtime()
+    if runtime is None or runtime.backend is None:
+        raise RuntimeError("ravex.tag() needs an active run (ravex.activate() or `ravex enable`); "
+                           "`ravex tag NAME STEP` tags a step of a store")
+    runtime.flush()
+    return runtime.backend.tag(name)
 
 
 def step() -> int:

@@ -9,9 +9,13 @@ from __future__ import annotations
 import signal
 
 import numpy as np
+import pytest
 import torch
+from torch import nn
 
+import ravex
 from ravex.format import open_store
+from ravex.format.errors import BadNameError, NameTakenError
 
 from . import harness
 
@@ -64,3 +68,37 @@ def test_roll_back_fork_kill_rerun_continues_the_new_timeline_bitwise(tmp_path, 
     assert store.complete_steps() == [5, 10, 15, 20, 25, 30, 35, 36]  # main untouched
     assert _snapshot(store, [25, 30, 35, 36]) == before
     assert store.current().timeline.name == "main-20"
+
+
+def test_ravex_tag_names_the_last_checkpoint_and_retention_keeps_it(ravex_clean, tmp_path):
+    with pytest.raises(RuntimeError, match="needs an active run"):
+        ravex.tag("early")
+    ravex.activate(storage=str(tmp_path / "ckpt"), checkpoint_every=2, keep_last=1)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+
+    train(3)
+    assert ravex.checkpoint()
+    tagged = ravex.tag("before-spike")
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    assert tagged == "3"
+    with pytest.raises(NameTakenError, match="already exists"):
+        ravex.tag("before-spike")
+    with pytest.raises(BadNameError, match="empty"):
+        ravex.tag("")
+    for _ in range(3):  # keep_last 1 collects every untagged older step
+        train(2)
+        assert ravex.checkpoint()
+    ravex.flush()
+    store = open_store(tmp_path / "ckpt")
+    assert store.complete_steps() == [3, 9]  # 5 and 7 collected; 3 only because it is tagged
+    assert store.tags()["before-spike"].ref == "3"
+    got = ravex.load(str(tmp_path / "ckpt"), step=3)["models"][0]["state"]
+    harness.assert_same_state({k: got[k] for k in want}, want)
