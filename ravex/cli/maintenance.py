@@ -45,7 +45,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for f in errors + warnings:
             table.add_row(
                 f"[red]{f.severity}[/]" if f.severity == "error" else f"[yellow]{f.severity}[/]", f.kind,
-                _opt(f.step), _opt(f.rank), f.tensor or "", f.chunk or "", f.message,
+                _opt(f.step) if f.timeline is None else f"{f.timeline}@{f.step}", _opt(f.rank),
+                f.tensor or "", f.chunk or "", f.message,
             )
         out.print(table)
     checked = f"{len(report.steps_checked)} steps"

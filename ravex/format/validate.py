@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .codecs import pipeline
@@ -28,7 +28,7 @@ from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFound
 from .hashing import digest
 from .keyview import decoded_chunk_size
 from .manifest import ArrayEntry, ChunkRef, Manifest
-from .names import check_object_name, manifest_ranks, object_key, step_dir
+from .names import check_object_name, manifest_ranks, object_key
 from .storage import Storage
 from .summary import Progress, no_progress
 
@@ -59,6 +59,8 @@ class Finding:
     object: str | None = None
     #: ``[start, end)`` byte ranges of ``object`` the finding is about.
     ranges: tuple[tuple[int, int], ...] | None = None
+    #: The timeline of ``step`` when it is not ``main`` (spec §19); None: main's step.
+    timeline: str | None = None
 
     @property
     def severity(self) -> str:
@@ -75,7 +77,8 @@ class Finding:
 @dataclass
 class ValidationReport:
     url: str
-    steps_checked: list[int] = field(default_factory=list)
+    #: main's steps as numbers, another timeline's as ``exp@60``.
+    steps_checked: list[int | str] = field(default_factory=list)
     objects_checked: int = 0
     findings: list[Finding] = field(default_factory=list)
 
@@ -132,7 +135,7 @@ def _chunk_state(stored: bytes | memoryview, ref: ChunkRef, entry: ArrayEntry) -
     return _INTACT if bytes(again) == bytes(stored) else _UNPROVEN
 
 
-def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
+def _array_problems(step: int, manifests: list[Manifest], label: str) -> list[Finding]:
     """What a reader would refuse in a complete step's merged arrays, without reading a chunk:
     an unknown data type or codec, a chunk map that is not exactly the chunk grid."""
     from .manifest import check_chunks_present, merge_arrays
@@ -140,10 +143,10 @@ def _array_problems(step: int, manifests: list[Manifest]) -> list[Finding]:
     try:
         arrays = merge_arrays(manifests)
     except ManifestError as exc:
-        return [Finding("malformed_manifest", str(exc), step)]
+        return [Finding("malformed_manifest", f"{label}: {exc}", step)]
     found = []
     for path, entry in arrays.items():
-        where = f"step {step} tensor {path!r}"
+        where = f"{label} tensor {path!r}"
         try:
             data_type(entry.data_type)
             pipeline(entry.codecs, where)
@@ -189,40 +192,50 @@ def validate(
     sizes = {o.key.rsplit("/", 1)[-1]: (o.key, o.size) for o in storage.walk("objects")}
     named: set[str] = set()  # objects some checked manifest names
     sound: set[str] = set()  # objects some chunk finds present and large enough: the ones rehashed
-    parsed: list[tuple[int, int]] = []  # (step, rank) of every manifest that parsed
+    parsed: list[tuple[CheckpointStore, int, int]] = []  # (timeline, step, rank) of every manifest that parsed
 
-    numbers = [s for s in store.step_numbers() if steps is None or s in steps]
-    progress(0, len(numbers), "manifests")
-    for i, step in enumerate(numbers):
-        progress(i, len(numbers), f"step {step}")
-        report.steps_checked.append(step)
-        ranks = manifest_ranks(storage.list_dir(step_dir(step)))
-        info = store.step_info(step, ranks)  # a complete step's manifests are parsed once, here
+    every_step = steps is None
+    views = [store]
+    if every_step:  # every timeline's steps (spec §19): one's objects are never another's orphans
+        try:
+            views += _other_timelines(store)
+        except (RavexError, OSError) as exc:
+            report.findings.append(Finding("malformed_manifest", f"timelines: {exc}"))
+    work = [(view, s) for view in views for s in view.step_numbers() if steps is None or s in steps]
+    progress(0, len(work), "manifests")
+    for i, (view, step) in enumerate(work):
+        label = _step_label(view, step)
+        progress(i, len(work), label)
+        report.steps_checked.append(step if view is store else label.removeprefix("step "))
+        found: list[Finding] = []
+        ranks = manifest_ranks(storage.list_dir(view.step_dir(step)))
+        info = view.step_info(step, ranks)  # a complete step's manifests are parsed once, here
         good = True
         manifests = []
         for rank in ranks:
             try:
-                m = store.manifest(step, rank)
+                m = view.manifest(step, rank)
             except UnsafeNameError as exc:
-                report.findings.append(Finding("unsafe_name", str(exc), step, rank))
+                found.append(Finding("unsafe_name", str(exc), step, rank))
                 good = False
                 continue
             except FormatVersionError as exc:
-                report.findings.append(Finding("unknown_version", str(exc), step, rank))
+                found.append(Finding("unknown_version", str(exc), step, rank))
                 good = False
                 continue
             except (RavexError, OSError) as exc:
-                report.findings.append(Finding("malformed_manifest", str(exc), step, rank))
+                found.append(Finding("malformed_manifest", f"{label}: {exc}" if view is not store else str(exc),
+                                     step, rank))
                 good = False
                 continue
             manifests.append(m)
-            parsed.append((step, rank))
+            parsed.append((view, step, rank))
             for path, entry in m.arrays.items():
                 for key, ref in entry.chunks.items():
                     if ref.object is None:
                         if full and ref.inline is not None and _decoded(ref.inline, ref, entry) is None:
-                            report.findings.append(Finding(
-                                "hash_mismatch", f"step {step} rank {rank} tensor {path!r} chunk {key}: its inline "
+                            found.append(Finding(
+                                "hash_mismatch", f"{label} rank {rank} tensor {path!r} chunk {key}: its inline "
                                 "bytes in the manifest do not decode to its raw digest (corrupt manifest)",
                                 step, rank, path, key,
                             ))
@@ -233,21 +246,17 @@ def validate(
                         sound.add(ref.object)
                     else:
                         kind, text = problem
-                        report.findings.append(Finding(
-                            kind, f"step {step} rank {rank} tensor {path!r} chunk {key}: object {ref.object} {text}",
+                        found.append(Finding(
+                            kind, f"{label} rank {rank} tensor {path!r} chunk {key}: object {ref.object} {text}",
                             step, rank, path, key, ref.object,
                         ))
         if good and not info.complete:
-            report.findings.append(
-                Finding("incomplete_step", f"step {step}: {info.problem} (ignored by readers)", step)
-            )
+            found.append(Finding("incomplete_step", f"{label}: {info.problem} (ignored by readers)", step))
         elif good:
-            report.findings.extend(_array_problems(step, manifests))
-    progress(len(numbers), len(numbers), "manifests")
+            found.extend(_array_problems(step, manifests, label))
+        report.findings.extend(_on_timeline(f, view, store) for f in found)
+    progress(len(work), len(work), "manifests")
 
-    every_step = steps is None
-    if every_step:
-        report.findings.extend(_other_timelines(store, named))
     orphans = [name for name in sizes if name not in named] if every_step else []
     if full:
         # an object only ever too small is reported as that, not rehashed; an orphan is rehashed
@@ -285,31 +294,26 @@ def validate(
     return report
 
 
-def _other_timelines(store: CheckpointStore, named: set[str]) -> list[Finding]:
-    """The objects the steps of every timeline but ``main`` name, into ``named`` (so that they
-    are not orphans, spec §19), and the manifests or timeline documents that do not parse."""
-    from .catalog import StoreCatalog
-    from .timelines import MAIN, read_timelines
+def _other_timelines(store: CheckpointStore) -> list[CheckpointStore]:
+    """Every timeline of the store but ``store``'s own, as views (spec §19)."""
+    timelines = store.timelines()
+    return [store.on_timeline(name, timelines) for name in timelines if name != store.timeline.name]
 
-    try:
-        timelines = read_timelines(store.storage)
-    except (RavexError, OSError) as exc:
-        return [Finding("malformed_manifest", f"timelines: {exc}")]
-    findings = []
-    for name, timeline in timelines.items():
-        if name == MAIN:
-            continue
-        view = StoreCatalog(store.storage, store.root, timeline)
-        for step in view.step_numbers():
-            for rank in manifest_ranks(store.storage.list_dir(view.step_dir(step))):
-                try:
-                    m = view.manifest(step, rank)
-                except (RavexError, OSError) as exc:
-                    findings.append(Finding("malformed_manifest", f"{name}@{step} rank {rank}: {exc}", step, rank))
-                    continue
-                for entry in m.arrays.values():
-                    named.update(ref.object for ref in entry.chunks.values() if ref.object is not None)
-    return findings
+
+def _step_label(view: CheckpointStore, step: int) -> str:
+    """``step 60`` on the store's main timeline, ``step exp@60`` on another: how messages name a step."""
+    from .timelines import MAIN
+
+    return f"step {step}" if view.timeline.name == MAIN else f"step {view.timeline.name}@{step}"
+
+
+def _on_timeline(finding: Finding, view: CheckpointStore, store: CheckpointStore) -> Finding:
+    """``finding`` with its timeline set when it is about another timeline's step than ``store``'s
+    (a bare step number would name the wrong step)."""
+    from .timelines import MAIN
+
+    name = view.timeline.name
+    return finding if view is store and name == MAIN else replace(finding, timeline=name)
 
 
 def _is_object(name: str, key: str) -> bool:
@@ -333,7 +337,8 @@ def _listing_problem(ref: ChunkRef, found: tuple[str, int] | None) -> tuple[str,
 
 
 def _object_damage(
-    store: CheckpointStore, name: str, data: bytes, parsed: Iterable[tuple[int, int]], every_step: bool
+    store: CheckpointStore, name: str, data: bytes, parsed: Iterable[tuple[CheckpointStore, int, int]],
+    every_step: bool,
 ) -> list[Finding]:
     """Where the damage lies in an object that does not hash to its name.
 
@@ -350,9 +355,9 @@ def _object_damage(
     unproven: dict[tuple[str, str, str], Finding] = {}
     judged: set[tuple[str, str, str]] = set()
     spans: list[tuple[int, int]] = []
-    for step, rank in parsed:
+    for view, step, rank in parsed:
         try:
-            m = store.manifest(step, rank)
+            m = view.manifest(step, rank)
         except (RavexError, OSError):
             continue  # already a finding of its own
         for path, entry in m.arrays.items():
@@ -366,18 +371,18 @@ def _object_damage(
                     continue
                 judged.add((path, key, ref.raw))
                 state = _DAMAGED if ref.offset is None else _chunk_state(data[span[0] : span[1]], ref, entry)
-                where = f"step {step} rank {rank} tensor {path!r} chunk {key}: its bytes in object {name}"
+                where = f"{_step_label(view, step)} rank {rank} tensor {path!r} chunk {key}: its bytes in object {name}"
                 if state == _DAMAGED:
-                    damaged[(path, key, ref.raw)] = Finding(
+                    damaged[(path, key, ref.raw)] = _on_timeline(Finding(
                         "hash_mismatch", f"{where} are corrupt (the object does not match its hash)",
                         step, rank, path, key, name, (span,),
-                    )
+                    ), view, store)
                 elif state == _UNPROVEN:
-                    unproven[(path, key, ref.raw)] = Finding(
+                    unproven[(path, key, ref.raw)] = _on_timeline(Finding(
                         "hash_mismatch", f"{where} are not what was written (the object does not match its hash), "
                         "though they still decode to the chunk",
                         step, rank, path, key, name, (span,),
-                    )
+                    ), view, store)
     if damaged:
         return list(damaged.values())
     unread = _unread(len(data), spans)

@@ -348,4 +348,4 @@ def test_validate_reads_each_manifest_and_lists_each_step_once(tmp_path):
     reads = [key for name, key in calls if name == "read" and key.endswith(".json") and "/rank-" in key]
     assert sorted(reads) == sorted(manifest_key(s, r) for s in (1, 2) for r in (0, 1))
     listed = [key for name, key in calls if name == "list_dir"]
-    assert sorted(listed) == ["steps", "steps/1", "steps/2"]
+    assert sorted(listed) == ["steps", "steps/1", "steps/2", "timelines"]  # timelines/: are there others (§19)?

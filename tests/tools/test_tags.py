@@ -111,3 +111,30 @@ def test_the_inspector_shows_the_timelines_and_tags(forked):
     assert "main  60..80 (3)" in text
     assert "main-60  70..80 (2)  from main@60  current" in text
     assert "tag good -> main-60@70" in text
+
+
+def _objects(view, steps) -> set[str]:
+    return {ref.object for s in steps for e in view.manifest(s, 0).arrays.values()
+            for ref in e.chunks.values() if ref.object is not None}
+
+
+def test_validate_checks_every_timeline_and_names_the_step_with_its_timeline(cli, forked):
+    env = {"RAVEX_STORAGE": str(forked)}
+    store = open_store(forked)
+    fork = store.on_timeline("main-60")
+    only_fork = sorted(_objects(fork, [70, 80]) - _objects(store, [60, 70, 80]))
+    assert only_fork, "main-60's steps name objects of their own"
+    ok = cli("validate", "--full", "--json", env=env).json()
+    assert ok["ok"] and ok["steps_checked"] == [60, 70, 80, "main-60@70", "main-60@80"], ok
+    victim = forked / "objects" / only_fork[0][:2] / only_fork[0]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # damage a byte only main-60's steps read
+    victim.write_bytes(bytes(data))
+    r = cli("validate", "--full", "--json", env=env)
+    assert r.rc == 1, r
+    bad = [f for f in r.json()["findings"] if f["severity"] == "error"]
+    assert bad and all(f["timeline"] == "main-60" and f["kind"] == "hash_mismatch" for f in bad), bad
+    assert "step main-60@" in bad[0]["message"]
+    victim.unlink()
+    r = cli("validate", env=env)
+    assert r.rc == 1 and "missing_object" in r.out and "main-60@" in r.out, r
