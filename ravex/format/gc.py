@@ -34,14 +34,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .catalog import StoreCatalog
+from .catalog import StepFiles, StoreCatalog
 from .errors import RavexError
 from .names import object_key
+from .refs import REFS_NAME
+from .repack import (
+    PresentManifest,
+    RepackReport,
+    may_delete_retired,
+    read_retirements,
+    refresh_refs,
+    repack,
+    retirement_key,
+)
 from .tags import Tag, read_tags
 from .timelines import MAIN, read_timelines
 
 if TYPE_CHECKING:
-    from .catalog import StepFiles, StepInfo
+    from .catalog import StepInfo
 
 #: The grace period ``G`` (spec/FORMAT.md, "Garbage collection"), in seconds: GC deletes an
 #: unreferenced object only once it is older than this. A writer's safety depends on it: the
@@ -66,9 +76,16 @@ class GCReport:
     dry_run: bool = False
     #: set when a manifest could not be read: then no object is deleted at all
     skipped_objects_because: str | None = None
+    #: what repacking did (spec §14): packs whose live chunks were copied, manifests rewritten,
+    #: and the dead share of the referenced object bytes before and after
+    repack: RepackReport | None = None
+    #: repacked packs no manifest names, waiting for the grace (or a writer's next step) to go
+    retired_waiting: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["repack"] = self.repack.to_json() if self.repack is not None else None
+        return out
 
 
 def retained_steps(
@@ -117,6 +134,7 @@ def gc(
     keep_every: int | None = None,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     dry_run: bool = False,
+    repack_packs: bool = True,
 ) -> GCReport:
     """Apply retention to every timeline of ``store`` and collect unreferenced objects. See the
     module doc. Retention counts each timeline's own steps; tagged steps, and the fork step of
@@ -161,10 +179,13 @@ def gc(
         listings = {name: view.list_steps() for name, view in views.items()}
 
     referenced: set[str] = set()
+    present: list[PresentManifest] = []
+    candidates = _base_candidates(views, listings, now, grace_seconds)
     for name, view in views.items():
         for step, files in listings[name].items():
             if dry_run and step in deleted.get(name, {}):
                 continue
+            complete = view.step_info(step, files.ranks).complete if files.ranks else False
             for manifest_name, rank in _manifest_names(files):
                 try:
                     if rank is None:
@@ -177,12 +198,49 @@ def gc(
                     return report
                 for entry in m.arrays.values():
                     referenced.update(c.object for c in entry.chunks.values() if c.object)
+                present.append(PresentManifest(view, step, rank, m, complete, (name, step) in candidates,
+                                               REFS_NAME in files.files))
+
+    listed = list(store.storage.walk("objects"))
+    sizes = {o.key.rsplit("/", 1)[-1]: o.size for o in listed if o.key == object_key(o.key.rsplit("/", 1)[-1])}
+    if repack_packs:
+        # Phase 3b (spec §14): copy the live chunks of the sparsest packs into new ones and rewrite
+        # the manifests naming them. While the grace is not zero a writer may be committing: the
+        # packs a delta base may name are left to the writer's own liveness rule (§13).
+        report.repack, retired, new_packs = repack(store.storage, present, sizes, protect_bases=grace_seconds > 0,
+                                                   dry_run=dry_run, now=now)
+        referenced = (referenced - retired) | new_packs
+    records, unreadable = read_retirements(store.storage)
+    refreshed: set[tuple[str, int]] = set()
 
     cutoff = now - grace_seconds
-    for obj in store.storage.walk("objects"):
+    for obj in listed:
         name = obj.key.rsplit("/", 1)[-1]
         if name in referenced and obj.key == object_key(name):
             report.kept_objects += 1
+        elif name in unreadable:
+            report.retired_waiting += 1
+        elif name in records and obj.key == object_key(name):
+            if not may_delete_retired(records[name], now, grace_seconds, candidates):
+                report.retired_waiting += 1
+            elif dry_run:
+                report.deleted_objects += 1
+                report.deleted_bytes += obj.size
+            else:
+                # a crash between the rewrite of a step's manifests and of its refs.json left the
+                # latter naming this pack: written again from the manifests before the pack goes
+                for timeline, step, _ in records[name].manifests:
+                    if (timeline, step) not in refreshed and timeline in views and \
+                            REFS_NAME in listings[timeline].get(step, _NO_FILES).files:
+                        refresh_refs(views[timeline], step)
+                    refreshed.add((timeline, step))
+                if store.storage.delete_if_older(obj.key, now if grace_seconds == 0 else cutoff):
+                    report.deleted_objects += 1
+                    report.deleted_bytes += obj.size
+                    store.storage.delete([retirement_key(name)])
+                    del records[name]
+                else:
+                    report.retired_waiting += 1
         elif obj.mtime >= cutoff:
             report.young_unreferenced += 1
         elif dry_run or store.storage.delete_if_older(obj.key, cutoff):  # age checked again at the delete
@@ -190,7 +248,37 @@ def gc(
             report.deleted_bytes += obj.size
         else:
             report.young_unreferenced += 1
+    if not dry_run:
+        # records of packs that are gone (deleted after their record, by a GC that then stopped)
+        gone = [retirement_key(n) for n in records if n not in sizes and n not in referenced]
+        if gone:
+            store.storage.delete(gone)
     return report
+
+
+_NO_FILES = StepFiles(-1, (), (), None)
+
+
+def _base_candidates(
+    views: dict[str, StoreCatalog], listings: dict[str, dict[int, StepFiles]], now: float, grace_seconds: float
+) -> set[tuple[str, int]]:
+    """``(timeline, step)`` of every step a writer may hold as its delta base (spec §14, proof
+    step 4): each timeline's newest complete step, the steps above it (in flight), and the fork
+    step of a timeline with no complete step of its own (a writer of it starts from there)."""
+    out: set[tuple[str, int]] = set()
+    for name, view in views.items():
+        listing = listings[name]
+        newest = None
+        for step in reversed(list(listing)):
+            if view.step_info(step, listing[step].ranks).complete:
+                newest = step
+                break
+            out.add((name, step))
+        if newest is not None:
+            out.add((name, newest))
+        elif view.timeline.parent is not None and view.timeline.fork_step is not None:
+            out.add((view.timeline.parent, view.timeline.fork_step))
+    return out
 
 
 def _ref(timeline: str, step: int) -> int | str:
