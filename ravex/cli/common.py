@@ -81,21 +81,29 @@ def default_store(
 
 def split_step(spec: str) -> tuple[str | None, str]:
     """``STORE@step_100`` -> ``(STORE, "step_100")``; ``step_100`` -> ``(None, "step_100")``;
-    ``exp@100`` -> ``(None, "exp@100")`` when ``exp`` is a timeline name and no path or URL of
-    that name exists (else it names a store); ``STORE@exp@100`` -> ``(STORE, "exp@100")``."""
+    ``exp@100`` -> ``(None, "exp@100")`` when no file or folder ``exp`` exists (a name without
+    ``/`` or ``://`` is a timeline's; the store checks it); ``STORE@exp@100`` -> ``(STORE, "exp@100")``."""
     if "@" in spec:
         rest, step = spec.rsplit("@", 1)
-        if not (_STEP.match(step) and rest):
+        if not _STEP.match(step):
             raise UsageError(f"{spec!r}: after '@' comes a step (step_100, 100 or latest)")
+        if not rest:
+            raise UsageError(f"{spec!r}: before '@' comes a timeline (exp@100) or a store (STORE@100)")
         store, sep, timeline = rest.rpartition("@")
         if sep and store and _TIMELINE.fullmatch(timeline):
             return store, f"{timeline}@{step}"
-        if _TIMELINE.fullmatch(rest) and not os.path.exists(rest):
+        if _looks_like_timeline(rest):
             return None, f"{rest}@{step}"
         return rest, step
     if not _STEP.match(spec):
         raise UsageError(f"{spec!r} is not a step; use step_100, 100, latest, TIMELINE@100 or STORE@step_100")
     return None, spec
+
+
+def _looks_like_timeline(text: str) -> bool:
+    """Whether ``text`` before ``@STEP`` names a timeline rather than a store: no path separator,
+    no URL scheme, and nothing of that name in the working directory."""
+    return "/" not in text and os.sep not in text and "://" not in text and not os.path.exists(text)
 
 
 def open_store_for(url: str | None) -> CheckpointStore:
@@ -121,17 +129,35 @@ def open_store_for(url: str | None) -> CheckpointStore:
 
 
 def open_step_for(spec: str, store: CheckpointStore | None = None) -> StepReader:
-    """A reader for ``step_100`` / ``100`` / ``latest`` / ``STORE@...``; ``store``, when given, is
-    the store ``spec`` names (already open), else the one it names is opened."""
-    from ravex.format import RavexError
+    """A reader for ``step_100`` / ``100`` / ``latest`` / ``exp@100`` / ``STORE@...``; ``store``,
+    when given, is the store ``spec`` names (already open), else the one it names is opened. A
+    bare step is one of the store's current timeline (the one a plain rerun continues)."""
+    from ravex.format import RavexError, StepNotFoundError
 
     store_url, step = split_step(spec)
     if store is None:
         store = open_store_for(store_url)
     try:
         return (store if "@" in step else store.current()).open_step(step)
+    except StepNotFoundError as exc:
+        hint = ""
+        if store_url is None and "@" in step and f"no timeline {step.split('@')[0]!r}" in str(exc):
+            hint = f"; a store is named by its path: ./{spec}"
+        raise UsageError(one_line(exc) + hint) from None
     except RavexError as exc:
         raise UsageError(one_line(exc)) from None
+
+
+def step_ref(reader: StepReader) -> str:
+    """How a verb names the step ``reader`` reads: ``80`` on ``main``, ``exp@80`` on another timeline."""
+    timeline = reader.store.timeline
+    return str(reader.step) if timeline.parent is None else f"{timeline.name}@{reader.step}"
+
+
+def step_name(reader: StepReader) -> str:
+    """How output shows that step: ``step_80``, or ``exp@step_80`` on another timeline than ``main``."""
+    timeline = reader.store.timeline
+    return f"step_{reader.step}" if timeline.parent is None else f"{timeline.name}@step_{reader.step}"
 
 
 # ---- output ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from .common import (
     print_json,
     progress_bar,
     split_step,
+    step_ref,
 )
 
 
@@ -44,6 +45,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     def shown(name: str) -> str:
         return named(display_path(name), names)
 
+    result.a, result.b = f"{a.store.url}@{step_ref(a)}", f"{b.store.url}@{step_ref(b)}"  # with their timelines
     if args.json:
         doc = result.to_json()
         doc["tensors"] = [t.to_json() for t in tensors]
@@ -104,8 +106,9 @@ def _diff_summary(result: StepDiff) -> dict[str, int]:
 
 
 def _diff_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", metavar="A", help="reference step (step_100, latest, STORE@step_100)")
-    p.add_argument("b", metavar="B", help="the step to compare with A (a bare step is in A's store)")
+    p.add_argument("a", metavar="A", help="reference step (step_100, latest, TIMELINE@100, STORE@step_100)")
+    p.add_argument("b", metavar="B",
+                   help="the step to compare with A (a bare step is in A's store, on its current timeline)")
     p.add_argument("--threshold", type=float, default=None,
                    help="list only changed tensors with ‖a-b‖/‖a‖ at least this")
     p.add_argument("--all", action="store_true", help="also list unchanged tensors and values")

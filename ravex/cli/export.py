@@ -20,6 +20,7 @@ from .common import (
     print_json,
     progress_bar,
     step_argument,
+    step_name,
 )
 
 if TYPE_CHECKING:
@@ -40,11 +41,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             result = exporter(reader, args.out)
         except (ValueError, TypeError, OSError) as exc:  # RavexError subclasses these too
-            raise UsageError(f"export of step_{reader.step} to {args.out!r} failed: {one_line(exc)}") from None
+            raise UsageError(f"export of {step_name(reader)} to {args.out!r} failed: {one_line(exc)}") from None
     if args.json:
-        print_json({"step": reader.step, "format": args.format, "out": os.fspath(args.out), "result": result})
+        print_json({"step": reader.step, "timeline": reader.store.timeline.name, "format": args.format,
+                    "out": os.fspath(args.out), "result": result})
     else:
-        msg = f"exported {reader.store.url}@step_{reader.step} to {args.out} ({args.format})"
+        msg = f"exported {reader.store.url}@{step_name(reader)} to {args.out} ({args.format})"
         console().print(msg, soft_wrap=True)
     return EXIT_OK
 

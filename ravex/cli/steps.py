@@ -22,6 +22,8 @@ from .common import (
     print_json,
     progress_bar,
     step_argument,
+    step_name,
+    step_ref,
     store_argument,
 )
 
@@ -54,13 +56,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
         title = (store.url if branch.parent is None
                  else f"timeline {branch.name} (forked at {branch.parent}@{branch.fork_step})")
         if branch.rows:
-            _print_steps(out, title, branch.rows)
+            _print_steps(out, title, branch.rows, tree.tagged(branch.name))
     if tree.interesting:
         tree.print(out)
     return EXIT_OK
 
 
-def _print_steps(out: Console, title: str, rows: list[StepSummary]) -> None:
+def _print_steps(out: Console, title: str, rows: list[StepSummary], tags: dict[int, list[str]]) -> None:
+    """One timeline's steps as a table; ``tags``: the tags' names by the step they name."""
     from rich.table import Table
 
     from ravex.tui.formatting import human_bytes, number, percent, short_time
@@ -69,6 +72,8 @@ def _print_steps(out: Console, title: str, rows: list[StepSummary]) -> None:
     columns = [("step", "right"), ("time", "left"), ("loss", "right"), ("ranks", "right"), ("tensors", "right"),
                ("logical", "right"), ("new", "right"), ("reused", "right")]
     problems = any(not r.complete for r in rows)  # a column of its own only when some step has one
+    if tags:
+        columns.append(("tags", "left"))
     if problems:
         columns.append(("problem", "left"))
     for col, justify in columns:
@@ -78,6 +83,8 @@ def _print_steps(out: Console, title: str, rows: list[StepSummary]) -> None:
         cells = [f"step_{r.step}", short_time(r.created_at), number(r.loss, 6), ranks, str(r.tensors),
                  human_bytes(r.logical_bytes),
                  human_bytes(r.new_bytes), percent(r.reuse_ratio)]
+        if tags:
+            cells.append(f"[cyan]{', '.join(tags.get(r.step, []))}[/]")
         if problems:
             cells.append("" if r.complete else f"[yellow]incomplete: {r.problem}[/]")
         table.add_row(*cells, style=None if r.complete else "dim")
@@ -103,8 +110,8 @@ def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
             if not under:
                 close = difflib.get_close_matches(name, list(by_display), n=3)
                 hint = (f"; did you mean {', '.join(close)}?" if close
-                        else f"; `ravex show step_{reader.step}` lists them")
-                raise UsageError(f"step {reader.step} has no tensor {name!r}{hint}")
+                        else f"; `ravex show {step_name(reader)}` lists them")
+                raise UsageError(f"step {step_ref(reader)} has no tensor {name!r}{hint}")
             found.extend(under)
     return found
 
@@ -123,7 +130,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.json:
             loss = step_loss(reader.metadata)
             print_json({
-                "url": reader.store.url, "step": reader.step, "world_size": reader.world_size,
+                "url": reader.store.url, "step": reader.step, "timeline": reader.store.timeline.name,
+                "world_size": reader.world_size,
                 "metadata": reader.metadata,
                 "loss": loss if loss is None or math.isfinite(loss) else repr(loss),
                 "run": reader.manifests[0].run,
@@ -145,14 +153,14 @@ def cmd_show(args: argparse.Namespace) -> int:
             results.append((path, read_tensor_stats(reader, path, bins=args.bins)))
     if args.json:
         print_json({
-            "url": reader.store.url, "step": reader.step,
+            "url": reader.store.url, "step": reader.step, "timeline": reader.store.timeline.name,
             "tensors": [dict(_tensor_json(reader, p), stats=s.to_json()) for p, s in results],
             "values": values,
         })
         return EXIT_OK
     out = console()
     for name, value in values.items():
-        out.print(f"step_{reader.step}  {name} = [cyan]{value!r}[/]", soft_wrap=True)
+        out.print(f"{step_name(reader)}  {name} = [cyan]{value!r}[/]", soft_wrap=True)
     for path, stats in results:
         _print_tensor(out, reader, path, stats, dtype_name(reader.arrays[path]))
     return EXIT_OK
@@ -176,7 +184,7 @@ def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None
     from ravex.tui.formatting import number, run_lines
 
     out = console()
-    out.print(f"[bold]step_{reader.step}[/]  loss [cyan]{number(step_loss(reader.metadata), 8)}[/]  "
+    out.print(f"[bold]{step_name(reader)}[/]  loss [cyan]{number(step_loss(reader.metadata), 8)}[/]  "
               f"run {reader.manifests[0].run}", soft_wrap=True)
     if record is None:
         out.print(f"  [dim]{problem}[/]", soft_wrap=True)
@@ -218,7 +226,7 @@ def _print_tree(reader: StepReader, tensors: list[str], values: dict[str, Any]) 
 
     out = console()
     kept = sum(1 for p in tensors if is_bookkeeping(p))
-    root = Tree(f"[bold]{reader.store.url}@step_{reader.step}[/]  ({reader.world_size} rank(s), "
+    root = Tree(f"[bold]{reader.store.url}@{step_name(reader)}[/]  ({reader.world_size} rank(s), "
                 f"{len(tensors) - kept} tensors" + (f", {kept} of RNG and loader state)" if kept else ")"))
     scripts = object_names(reader.manifests[0].tree)
     nodes: dict[str, Any] = {"": root}
@@ -248,7 +256,7 @@ def _print_tensor(out: Console, reader: StepReader, path: str, stats: TensorStat
     from ravex.tui.formatting import display_path, histogram_lines, human_bytes, number, shape_text
 
     e = reader.arrays[path]
-    table = Table(title=f"step_{reader.step}  {display_path(path)}", title_justify="left", show_header=False)
+    table = Table(title=f"{step_name(reader)}  {display_path(path)}", title_justify="left", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     logical = math.prod(e.shape) * _itemsize(e)

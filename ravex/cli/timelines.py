@@ -60,6 +60,14 @@ class TimelineTree:
             stack.extend(reversed(branch.children))
         return out
 
+    def tagged(self, timeline: str) -> dict[int, list[str]]:
+        """The names of the tags on ``timeline``'s steps, by step."""
+        out: dict[int, list[str]] = {}
+        for t in self.tags:
+            if t.timeline == timeline:
+                out.setdefault(t.step, []).append(t.name)
+        return out
+
     @property
     def interesting(self) -> bool:
         """Worth printing beside the steps: a store with another timeline or a tag."""

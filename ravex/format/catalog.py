@@ -178,9 +178,12 @@ class StoreCatalog:
         info = self.step_info(number)
         if not info.complete:
             known = self.complete_steps()
-            hint = f"complete steps: {known[-5:]}" if known else "the store has no complete step"
+            main = self.timeline.name == MAIN
+            of = "" if main else f" of timeline {self.timeline.name}"
+            hint = f"complete steps{of}: {known[-5:]}" if known else f"the store{of} has no complete step"
+            shown = number if main else f"{self.timeline.name}@{number}"
             why = info.problem or "incomplete"
-            raise StepNotFoundError(f"step {number} in {self.url!r} is not readable ({why}); {hint}")
+            raise StepNotFoundError(f"step {shown} in {self.url!r} is not readable ({why}); {hint}")
         return number
 
     # ---- manifests ---------------------------------------------------------------------

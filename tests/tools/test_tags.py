@@ -50,10 +50,17 @@ def test_ls_shows_the_tree_and_steps_take_a_timeline(cli, forked):
     assert (tls["main-60"]["parent"], tls["main-60"]["fork_step"], tls["main-60"]["current"]) == ("main", 60, True)
     assert [s["step"] for s in tls["main-60"]["steps"]] == [70, 80]
     assert doc["current_timeline"] == "main-60" and doc["tags"][0]["name"] == "spike-free"
+    tagged_row = next(line for line in r.out.splitlines() if "step_70" in line and "spike-free" in line)
+    assert "701" not in tagged_row  # the tags column of main's table, not main-60's
     # a bare step is the current timeline's; main@70 is the old one's
-    assert cli("show", "70", "--json", env=env).json()["values"]["step"] == 70
+    shown = cli("show", "70", "--json", env=env).json()
+    assert (shown["timeline"], shown["values"]["step"]) == ("main-60", 70)
+    assert "main-60@step_70" in cli("show", "70", env=env).out
+    assert cli("show", "main@70", "--json", env=env).json()["timeline"] == "main"
+    assert cli("show", "main-60@60", "--json", env=env).json()["timeline"] == "main"  # its lineage: main's 60
     d = cli("diff", "main@70", "70", "--json", env=env)
     assert d.rc == 0 and d.json()["tensors"], d
+    assert (d.json()["a"], d.json()["b"]) == (f"{forked}@70", f"{forked}@main-60@70")
     out = forked.parent / "w.safetensors"
     e = cli("export", "main-60@80", "--format", "safetensors", str(out), env=env)
     assert e.rc == 0, e
@@ -70,10 +77,14 @@ def test_tag_lists_deletes_and_refuses_bad_input_in_one_line(cli, forked):
         ("tag", "", "70"): "tag name is empty",
         ("tag", "x" * 65, "70"): "is 65 characters; use at most 64",
         ("tag", "../escape", "70"): "may only hold letters",
-        ("tag", "missing", "99"): "step 99",
+        ("tag", "missing", "99"): "step main-60@99 in",  # a bare step: the current timeline
         ("tag", "good", "70"): "tag 'good' already exists",
         ("tag", "x", "nope@70"): "no timeline 'nope'",
         ("tag", "--delete", "absent"): "no tag 'absent'",
+        ("tag", "x", "@70"): "before '@' comes a timeline",
+        ("tag", "x", "y" * 65 + "@70"): "timeline name 'yyyy",
+        ("tag", "x", "main-60@65"): "step main-60@65 in",
+        ("show", "nope@70"): "a store is named by its path: ./nope@70",
     }
     for args, why in bad.items():
         r = cli(*args, env=env)
