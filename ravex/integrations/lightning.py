@@ -1,0 +1,270 @@
+"""PyTorch Lightning checkpoints in a Ravex store: ``RavexCheckpointIO``, a ``CheckpointIO`` plugin.
+
+    >>> trainer = Trainer(plugins=[RavexCheckpointIO("./store")],
+    ...                   callbacks=[ModelCheckpoint(dirpath="ckpts", save_last=True, every_n_train_steps=50)])
+    >>> trainer.fit(model, loader, ckpt_path="last")
+
+**What a save writes.** Lightning's whole checkpoint dict (weights, optimizer and scheduler
+states, the loops' progress, callbacks' states, hyper-parameters) becomes one Ravex step of the
+store at ``url``: tensors as arrays under their keys (``state_dict/net.0.weight``,
+``optimizer_states/0/state/0/exp_avg``), everything else as typed JSON (int keys, tuples and
+floats kept exactly). A value typed JSON cannot hold (an object in ``hyper_parameters``) is
+refused, naming its key: nothing is pickled, and nothing is unpickled on load. Each save is the
+next step number. One writer serves every save, so each step is a delta on the one before:
+chunks that did not change (frozen weights, the second save of a step as ``last.ckpt``) are
+reused, not written again.
+
+**Async.** A save copies the tensors to CPU on the caller's thread (the training loop may change
+them right after) and returns; a background thread writes the step, then the pointer file. Saves
+and removals run in the order Lightning asked for them. At most ``max_queued`` saves wait or run
+at once (each holds a copy of the state): one more waits for the oldest, so a cadence faster than
+storage slows training rather than filling memory. Loading, ``teardown`` (the end of ``fit``)
+and :meth:`RavexCheckpointIO.flush` wait for what is queued, and a failed write is raised there
+or by the next save. ``async_writes=False`` writes within the call. A process killed mid-write
+leaves the pointer files naming the previous durable steps, never a partial one.
+
+**The file Lightning sees.** At the path Lightning names (``ckpts/last.ckpt``,
+``ckpts/epoch=0-step=50.ckpt``) the plugin writes a small JSON pointer, atomically, once the step
+is durable: the store's URL and the step (and Lightning's epoch and global step in it). So
+Lightning's own file logic keeps working: ``ckpt_path="last"`` finds the newest ``last*.ckpt``,
+``save_top_k`` removes files. A step no pointer names any more (its file removed, or replaced as
+``last.ckpt`` is at each save) loses its manifest too; ``ravex gc`` reclaims its objects.
+``ravex ls``, ``show``, ``diff`` and ``inspect`` read the store. Loading reads only the step the
+pointer names. Pointer files live on a local path; the store may be remote.
+
+Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (the ``lightning`` package; the
+standalone ``pytorch_lightning`` has CheckpointIO classes of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
+from ravex.format.storage.atomic import atomic_write, unlink_quietly
+
+EXTRA = "ravex[lightning]"
+POINTER_FORMAT = 1
+
+try:
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+except ImportError as exc:
+    raise ImportError(f"ravex.integrations.lightning needs PyTorch Lightning: pip install '{EXTRA}'") from exc
+
+
+class RavexCheckpointIO(CheckpointIO):
+    """Lightning's checkpoints as steps of the Ravex store at ``url`` (a path or fsspec URL)."""
+
+    def __init__(self, url: str | os.PathLike[str], compression: str = "none",
+                 storage_options: dict[str, Any] | None = None, async_writes: bool = True,
+                 max_queued: int = 2) -> None:
+        if max_queued < 1:
+            raise ValueError(f"RavexCheckpointIO: max_queued={max_queued}; it must be 1 or more")
+        super().__init__()
+        self.url = os.fspath(url)
+        self.compression = compression
+        self.storage_options = storage_options
+        self.async_writes = async_writes
+        self.max_queued = max_queued
+        #: what each save's commit did, in order (new and reused chunks, bytes)
+        self.stats: list[CommitStats] = []
+        self._store: CheckpointStore | None = None
+        self._writer: StepWriter | None = None
+        self._next_step: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []  # saves and removals queued
+        self._saves: list[Future[None]] = []  # saves queued
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    # ---- Lightning's CheckpointIO ---------------------------------------------------------
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError("RavexCheckpointIO.save_checkpoint takes no storage_options; pass them to "
+                            "RavexCheckpointIO(url, storage_options=...)")
+        path = _local(path)
+        self._raise_failed()
+        while len(self._saves) >= self.max_queued:
+            self._saves.pop(0).result()
+        tree = to_tree(checkpoint, copy=self.async_writes)
+        done = self._run(lambda: self._write(tree, path))
+        if done is not None:
+            self._saves.append(done)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        self.flush()
+        url, step = read_pointer(_local(path))
+        store = self._open() if url == _absolute(self.url) else open_store(url, storage_options=self.storage_options)
+        tree: dict[str, Any] = from_tree(store.read(step), map_location)
+        return tree
+
+    def remove_checkpoint(self, path: Any) -> None:
+        path = _local(path)
+        self._run(lambda: self._remove(path))
+
+    def teardown(self) -> None:
+        """Wait for the queued writes (Lightning calls this at the end of ``fit``) and close."""
+        try:
+            self.flush()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def flush(self) -> None:
+        """Wait until every queued save and removal is done; raise the first that failed."""
+        try:
+            while self._pending:
+                self._pending.pop(0).result()
+        finally:
+            self._saves.clear()
+        self._raise_failed()
+
+    # ---- the work, on the writer thread ----------------------------------------------------
+
+    def _run(self, job: Callable[[], None]) -> Future[None] | None:
+        """``job`` now, or queued on the writer thread (its future)."""
+        if not self.async_writes:
+            job()
+            return None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ravex-lightning")
+        self._pending = [f for f in self._pending if not f.done()]
+        self._saves = [f for f in self._saves if not f.done()]
+        future = self._executor.submit(self._guarded, job)
+        self._pending.append(future)
+        return future
+
+    def _guarded(self, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException as exc:
+            with self._lock:
+                self._error = self._error or exc
+            raise
+
+    def _raise_failed(self) -> None:
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _open(self) -> CheckpointStore:
+        if self._store is None:
+            self._store = open_store(self.url, create=True, storage_options=self.storage_options)
+        return self._store
+
+    def _write(self, tree: Any, path: str) -> None:
+        store = self._open()
+        if self._writer is None:
+            self._writer = store.writer(compression=self.compression)
+        if self._next_step is None:
+            self._next_step = max(store.step_numbers(), default=-1) + 1
+        step, self._next_step = self._next_step, self._next_step + 1
+        self.stats.append(self._writer.commit(step, tree, metadata={"lightning_path": os.path.basename(path)}))
+        where = {k: v for k in ("epoch", "global_step") if isinstance(v := tree.get(k), int)}
+        try:
+            replaced: tuple[str, int] | None = read_pointer(path)
+        except (OSError, ValueError):
+            replaced = None
+        write_pointer(path, self.url, step, where)
+        if replaced is not None:
+            self._drop_unnamed(os.path.dirname(path) or ".", *replaced)
+
+    def _remove(self, path: str) -> None:
+        try:
+            url, step = read_pointer(path)
+        except FileNotFoundError:
+            return
+        unlink_quietly(path)
+        self._drop_unnamed(os.path.dirname(path) or ".", url, step)
+
+    def _drop_unnamed(self, directory: str, url: str, step: int) -> None:
+        """Delete ``step`` of this plugin's store unless a pointer in ``directory`` still names it."""
+        if url == _absolute(self.url) and not _still_named(directory, url, step):
+            self._open().delete_step(step)
+
+
+def to_tree(checkpoint: Any, copy: bool = False) -> Any:
+    """Lightning's dict with every tensor as a numpy array on CPU (dtype kept); ``copy``: a copy
+    even of a CPU tensor, for a write that runs after the caller goes on."""
+    import torch
+
+    from ravex.saving.dtypes import numpy_view
+    from ravex.saving.tree import tree_map
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            on_cpu = value.to("cpu")
+            if copy and on_cpu.data_ptr() == value.data_ptr():
+                on_cpu = on_cpu.clone()
+            return numpy_view(on_cpu.contiguous())
+        return value
+
+    return tree_map(leaf, checkpoint)
+
+
+def from_tree(tree: Any, map_location: Any = None) -> Any:
+    """A step's tree with torch tensors, on ``map_location`` when it is a device or a string."""
+    import torch
+
+    from ravex.saving.load import tree_to_torch
+
+    device = map_location if isinstance(map_location, (str, torch.device)) else None
+    return tree_to_torch(tree, device)
+
+
+def write_pointer(path: str, url: str, step: int, where: dict[str, int] | None = None) -> None:
+    """The file Lightning sees at ``path``: which step of which store holds its checkpoint, and
+    (``where``) Lightning's epoch and global step in it, for a person or a script to read."""
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    doc: dict[str, Any] = {"ravex_checkpoint": POINTER_FORMAT, "store": _absolute(url), "step": step, **(where or {})}
+    atomic_write(path, json.dumps(doc).encode() + b"\n")
+
+
+def read_pointer(path: str) -> tuple[str, int]:
+    """The store URL and step a pointer file names; a one-line error for any other file."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    try:
+        doc = json.loads(head)
+        return str(doc["store"]), int(doc["step"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{path} is not a RavexCheckpointIO checkpoint (a torch.save file? load it without "
+                         "the RavexCheckpointIO plugin)") from None
+
+
+def _still_named(directory: str, url: str, step: int) -> bool:
+    """Whether another pointer file in ``directory`` names the same step."""
+    for name in os.listdir(directory):
+        if name.endswith(".ckpt"):
+            try:
+                if read_pointer(os.path.join(directory, name)) == (url, step):
+                    return True
+            except (OSError, ValueError):
+                continue
+    return False
+
+
+def _local(path: Any) -> str:
+    path = os.fspath(path)
+    if "://" in path:
+        raise ValueError(f"RavexCheckpointIO keeps its pointer files on a local path, not {path!r}: give "
+                         "ModelCheckpoint a local dirpath (the store itself, RavexCheckpointIO(url), may be remote)")
+    return str(path)
+
+
+def _absolute(url: str) -> str:
+    return url if "://" in url else os.path.abspath(url)

@@ -1,0 +1,109 @@
+"""A PyTorch Lightning script with Ravex as its checkpoint plugin: ``Trainer(plugins=[RavexCheckpointIO])``,
+``ModelCheckpoint(save_last=True)`` every few steps, resumed with Lightning's own ``ckpt_path="last"``.
+
+Prints ``START <global_step>`` once fit has restored what it resumes, ``STEP <global_step> W<step>``
+after every training batch, ``<step>`` being the global step of the checkpoint ``last.ckpt`` names
+(its pointer is written once its Ravex step is durable; a test SIGKILLs once it is far enough), and at the end
+``STATS <new chunks> <reused chunks>`` of every save this run wrote, and the final weights to
+``$T_OUT``. ``T_MODE``: ``async`` (default, the plugin's background writes), ``sync``, or
+``plain`` (no plugin, no checkpoints: the reference run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+SAMPLES, BATCH, EPOCHS, EVERY = 64, 4, 3, 4  # 16 steps per epoch, 48 in all
+MODE = os.environ.get("T_MODE", "async")
+
+
+class ResumableLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+    """A DataLoader Lightning can resume mid-epoch (its ``state_dict``/``load_state_dict``
+    interface): each epoch's order is a seeded permutation, and the batches already handed
+    out this epoch are skipped when resumed."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset, batch_size: int) -> None:  # type: ignore[type-arg]
+        super().__init__(dataset, batch_size=batch_size)
+        self.epoch, self.handed, self._skip = 0, 0, 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(100 + self.epoch))
+        skip, self._skip, self.handed = self._skip, 0, self._skip
+        for idx in order.split(self.batch_size)[skip:]:
+            self.handed += 1
+            yield self.collate_fn([self.dataset[int(j)] for j in idx])
+        self.epoch, self.handed = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        if self.handed >= len(self):  # the epoch's last batch is out: resume at the next epoch
+            return {"epoch": self.epoch + 1, "handed": 0}
+        return {"epoch": self.epoch, "handed": self.handed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._skip = state["epoch"], state["handed"]
+
+
+class Net(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.frozen = torch.nn.Linear(8, 8)  # never trained: each save reuses its chunks
+        self.frozen.requires_grad_(False)
+        self.save_hyperparameters({"width": 32, "lr": 1e-2, "betas": (0.9, 0.99)})
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(self.frozen(x)), y)
+
+    def on_train_start(self) -> None:
+        print(f"START {self.trainer.global_step}", flush=True)
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        print(f"STEP {self.trainer.global_step} W{_written()}", flush=True)
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        opt = torch.optim.AdamW(self.net.parameters(), lr=1e-2, betas=(0.9, 0.99))
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)}
+
+
+def _written() -> int | None:
+    """The global step of the checkpoint ``ckpts/last.ckpt`` names (the plugin writes it once durable)."""
+    try:
+        with open(os.path.join("ckpts", "last.ckpt")) as f:
+            return int(json.load(f)["global_step"])
+    except FileNotFoundError:
+        return None
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    data = torch.utils.data.TensorDataset(torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g))
+    loader = ResumableLoader(data, BATCH)
+    options: dict[str, object] = {"enable_checkpointing": False}
+    io = None
+    if MODE != "plain":
+        from ravex.integrations.lightning import RavexCheckpointIO
+
+        io = RavexCheckpointIO("./store", async_writes=MODE == "async")
+        options = {"plugins": [io],
+                   "callbacks": [ModelCheckpoint(dirpath="ckpts", save_last=True, every_n_train_steps=EVERY)]}
+    trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, **options)  # type: ignore[arg-type]
+    model = Net()
+    trainer.fit(model, loader, ckpt_path="last" if io is not None else None)
+    if io is not None:
+        new, reused = ([getattr(s, name) for s in io.stats] for name in ("new_chunks", "reused_chunks"))
+        print(f"STATS {json.dumps(new, separators=(',', ':'))} {json.dumps(reused, separators=(',', ':'))}",
+              flush=True)
+    torch.save({"model": model.state_dict(), "global_step": trainer.global_step}, os.environ["T_OUT"])
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

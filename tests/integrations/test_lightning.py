@@ -1,0 +1,113 @@
+"""PyTorch Lightning with ``Trainer(plugins=[RavexCheckpointIO(...)])``: a real Lightning script
+(tiny model on CPU, three epochs, ``ModelCheckpoint(save_last=True)`` every 4 steps, resumed with
+``ckpt_path="last"``) SIGKILLed at a random step and rerun unchanged ends bitwise equal to the
+same script run once without any checkpointing; every save after the first reuses the chunks of
+the frozen layer; the checkpoint files are Ravex pointers that load without pickle."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+from runtime import harness  # tests/runtime: the kill-and-rerun harness
+
+from ravex.format import open_store
+
+TRAINEE = Path(__file__).with_name("lightning_trainee.py")
+STEPS, EVERY = 48, 4
+ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """The script run once to the end, without Ravex and without checkpoints."""
+    cwd = tmp_path_factory.mktemp("lightning-reference")
+    env = harness.child_env(T_OUT=str(cwd / "final.pt"), T_MODE="plain", **ENV)
+    result = harness.run([sys.executable, str(TRAINEE)], cwd, env)
+    assert result.returncode == 0, result.explain()
+    assert "STATS" not in "".join(result.stdout) and not (cwd / "store").exists()
+    final = torch.load(cwd / "final.pt", weights_only=True)
+    assert final["global_step"] == STEPS
+    return final
+
+
+def _written_at_least(step: int) -> str:
+    """A ``STEP`` line whose newest durable checkpoint is at global step ``step`` or later."""
+    return rf"STEP \d+ W(?:{'|'.join(str(s) for s in range(step, STEPS + 1, EVERY))})$"
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted, mode):
+    seed = random.randrange(10**6)
+    first = EVERY * random.Random(seed).randint(1, STEPS // EVERY - 2)  # a checkpoint in any of the 3 epochs
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE=mode, **ENV)
+    killed = harness.run([sys.executable, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
+    assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
+    pointer = json.loads((tmp_path / "ckpts" / "last.ckpt").read_text())
+    assert pointer["store"] == str(tmp_path / "store")
+
+    rerun = harness.run([sys.executable, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0, f"seed {seed}: " + rerun.explain()
+    start = int(next(line for line in rerun.stdout if line.startswith("START ")).split()[1])
+    assert start >= first and start % EVERY == 0, f"seed {seed}, checkpoint {first}: " + rerun.explain()
+    steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
+    assert steps == list(range(start + 1, STEPS + 1)), f"seed {seed}: {steps}"
+
+    # Delta reuse: the frozen layer's chunks are never written again, a duplicate save writes nothing.
+    new, reused = (json.loads(part) for part in
+                   next(line for line in rerun.stdout if line.startswith("STATS ")).split(" ", 2)[1:])
+    assert all(r >= 2 for r in reused[1:]), f"seed {seed}: reused {reused}"
+    assert new[1::2] == [0] * len(new[1::2]), f"seed {seed}: the last.ckpt saves wrote {new}"
+
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["global_step"] == STEPS
+    harness.assert_same_state(final["model"], uninterrupted["model"], "model")
+
+
+def test_checkpoint_is_a_ravex_step_read_without_pickle(tmp_path):
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="sync", **ENV)
+    result = harness.run([sys.executable, str(TRAINEE)], tmp_path, env)
+    assert result.returncode == 0, result.explain()
+    pointer = json.loads((tmp_path / "ckpts" / "last.ckpt").read_text())
+    step = open_store(tmp_path / "store").read(pointer["step"])
+    assert step["global_step"] == STEPS and step["epoch"] == 2
+    assert step["hyper_parameters"]["betas"] == (0.9, 0.99)  # a tuple stays a tuple
+    assert set(step["optimizer_states"][0]["state"]) == {0, 1, 2, 3}  # int keys stay ints
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert (step["state_dict"]["net.0.weight"] == final["model"]["net.0.weight"].numpy()).all()
+    # save_top_k=1 dropped every superseded epoch=E-step=S step; the store lists only what pointers name.
+    named = {json.loads(p.read_text())["step"] for p in (tmp_path / "ckpts").glob("*.ckpt")}
+    assert set(open_store(tmp_path / "store").step_numbers()) == named
+    listed = subprocess.run([sys.executable, "-m", "ravex", "ls", str(tmp_path / "store")], env=env,
+                            capture_output=True, text=True)
+    assert listed.returncode == 0 and f"step_{pointer['step']}" in listed.stdout, listed.stderr
+
+
+def test_a_file_not_written_by_the_plugin_is_refused_in_one_line(tmp_path):
+    from ravex.integrations.lightning import RavexCheckpointIO
+
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": {}}, path)
+    io = RavexCheckpointIO(tmp_path / "store")
+    with pytest.raises(ValueError, match=r"model\.ckpt is not a RavexCheckpointIO checkpoint"):
+        io.load_checkpoint(path)
+    with pytest.raises(ValueError, match="local dirpath"):
+        io.save_checkpoint({"epoch": 0}, "s3://bucket/last.ckpt")
+
+
+def test_a_value_typed_json_cannot_hold_is_refused_by_its_key(tmp_path):
+    from ravex.errors import UnsupportedValueError
+    from ravex.integrations.lightning import RavexCheckpointIO
+
+    io = RavexCheckpointIO(tmp_path / "store", async_writes=False)
+    with pytest.raises(UnsupportedValueError, match="hyper_parameters"):
+        io.save_checkpoint({"hyper_parameters": {"activation": torch.nn.ReLU()}}, tmp_path / "last.ckpt")
+    assert not (tmp_path / "last.ckpt").exists()
