@@ -93,7 +93,11 @@ class Stager:
     * ``optimizer.load_state_dict()`` copies into its existing state tensors with the
       counter unchanged;
     * inference tensors (made under ``inference_mode``) have no counter at all: they are
-      always copied.
+      always copied;
+    * BatchNorm's ``running_mean``/``running_var``: the batch-norm kernels update them in
+      place with the counter unchanged, so every model with BatchNorm would trip the probe
+      below at each checkpoint. They are recognised by name and always copied (a few
+      floats a channel).
 
     Three guards against those: (1) before a tensor is skipped, a handful of its elements
     (first, last and evenly spaced, compared bitwise) are checked against its buffer; a
@@ -205,6 +209,7 @@ class Stager:
             entry = (buf, numpy_view(buf) if self.as_numpy else buf)
             self._buffers[path] = entry
             self._seen.pop(path, None)
+        skippable = skippable and not (bool(path) and isinstance(path[-1], str) and path[-1].endswith(_UNCOUNTED))
         ident = _identity(src) if skippable and self.skip_unchanged else None
         if ident is not None and not self.full:
             seen = self._seen.get(path)
@@ -296,6 +301,10 @@ def _staging_buffer(src: torch.Tensor) -> torch.Tensor:
         return torch.empty(src.shape, dtype=src.dtype, device="cpu")
     flat = torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
     return flat.view(src.dtype).view(src.shape)
+
+
+#: buffers that torch's kernels write without bumping ``_version``: never skipped
+_UNCOUNTED = ("running_mean", "running_var")
 
 
 def _identity(src: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
