@@ -1,0 +1,375 @@
+"""Reading the main script's source: which loops hold a line, and which variables a loop
+carries from one iteration to the next.
+
+A script's training loop keeps its position in ordinary variables (nanoGPT's ``iter_num``,
+a best metric, a batch fetched ahead) and in the iterators of its ``for`` statements. A
+checkpoint taken at the head of a loop must save the first kind to resume exactly; this
+module finds them by reading the source: a variable is saved when the loops around the
+checkpoint assign it *and* some path from the checkpoint reads it before writing it again
+(it is *live*, in the compiler's sense). Configuration the loops never assign is not
+saved, so a rerun with new flags keeps them; a temporary the loop always writes before
+reading (``loss``, ``logits``) costs nothing.
+
+The analysis is a classic backward liveness pass over the statements of one function (or
+the module), over-approximating where control flow is not tracked exactly: a variable
+wrongly thought live is saved for nothing, one wrongly thought dead would be lost, so every
+approximation errs toward live.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+_Scope = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+#: blocks whose statement keeps a value on the interpreter's stack while its body runs
+_STACKED = (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)
+
+
+@dataclass(frozen=True)
+class LoopSite:
+    """One loop statement around a line."""
+
+    line: int  #: the loop statement's first line
+    body: int  #: its body's first line: where an iteration starts
+    kind: str  #: ``"for"`` or ``"while"``
+    end: int  #: its last line
+    targets: tuple[str, ...] = ()  #: the names a ``for`` binds, in order
+    target: ast.expr | None = field(default=None, compare=False)  #: the ``for`` target itself
+
+
+@dataclass(frozen=True)
+class Place:
+    """A line of a function (or the module) seen from the loops around it."""
+
+    loops: tuple[LoopSite, ...]  #: the loops around the line, outermost first
+    #: the enclosing blocks that keep a value on the stack, outermost first: (kind, line)
+    stacked: tuple[tuple[str, int], ...]
+    live: frozenset[str]  #: variables the loops assign that may be read after this point before written
+    exact: bool  #: False where a block the analysis cannot place encloses the line
+
+
+def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Place | None:
+    """The loops around ``line`` in the code object ``name`` starting at ``first_line`` of
+    ``filename``, and what is live there. ``mode`` says where in ``line`` the point is:
+    ``"head"``, the start of the innermost loop's body (``line`` is its first line, a
+    ``for``'s variables bound); ``"header"``, a loop statement about to take its next item
+    (``line`` is the loop's own); ``"call"``, a call in progress in the statement holding
+    ``line``. None when the file cannot be read or the code is not found in it."""
+    scope = _scope(filename, name, first_line)
+    if scope is None:
+        return None
+    chain = _chain(scope.body, line)
+    if not chain:
+        return None
+    analysis = _Liveness(chain)
+    last = chain[-1]
+    loops = [c.owner for c in chain if isinstance(c.owner, _LOOPS) and c.block == "body"]
+    stacked = [c.owner for c in chain if isinstance(c.owner, _STACKED) and c.block == "body"]
+    header = last.stmts[last.index]
+    if mode == "header":
+        if not isinstance(header, _LOOPS):
+            return None
+        loops.append(header)
+        if isinstance(header, _STACKED):
+            stacked.append(header)
+        live = _loop_head(header, analysis.after(len(chain) - 1), analysis.loop_ctx(len(chain) - 1))
+    elif mode == "head":
+        if not loops:
+            return None
+        level = max(i for i, c in enumerate(chain) if c.owner is loops[-1] and c.block == "body")
+        live = analysis.before_block(level, 0)
+    else:
+        live = analysis.before_block(len(chain) - 1, last.index)
+    # What functions declare ``global`` and assign is state they change for the loop,
+    # wherever the module frame itself stands.
+    declared = _globals_assigned(scope)
+    if not loops:
+        return Place((), (), declared, True)
+    sites = tuple(_site(loop) for loop in loops)
+    exact = not any(c.block in ("handler", "finally") for c in chain)
+    changed = _stores(loops[0]) | declared
+    bound = {n for s in sites for n in s.targets}
+    return Place(sites, tuple(("for" if isinstance(b, (ast.For, ast.AsyncFor)) else "with", b.lineno)
+                              for b in stacked),
+                 frozenset(((live & changed) | declared) - bound), exact)
+
+
+def _site(loop: ast.stmt) -> LoopSite:
+    body = loop.body[0]  # type: ignore[attr-defined]
+    first = min([body.lineno] + [d.lineno for d in getattr(body, "decorator_list", [])])
+    end = loop.end_lineno or loop.lineno
+    if isinstance(loop, (ast.For, ast.AsyncFor)):
+        return LoopSite(loop.lineno, first, "for", end, tuple(_names(loop.target)), loop.target)
+    return LoopSite(loop.lineno, first, "while", end)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(filename: str) -> ast.Module | None:
+    try:
+        with open(filename, encoding="utf-8") as f:
+            return ast.parse(f.read(), filename)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _scope(filename: str, name: str, first_line: int) -> _Scope | None:
+    tree = _parse(filename)
+    if tree is None:
+        return None
+    if name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            starts = {node.lineno} | {d.lineno for d in node.decorator_list}
+            if first_line in starts:
+                return node
+    return None
+
+
+@dataclass(frozen=True)
+class _Link:
+    """One step of the way down to a line: the statement ``owner`` holds the line in its
+    ``block`` (``body``, ``orelse``, ``handler``, ``finally``, ``case``) at ``index``; the
+    first link's owner is the scope itself."""
+
+    owner: ast.AST
+    block: str
+    stmts: Sequence[ast.stmt]
+    index: int
+
+
+def _chain(body: Sequence[ast.stmt], line: int) -> list[_Link]:
+    """The statements holding ``line``, outermost first, not entering nested defs."""
+    chain: list[_Link] = []
+    owner: ast.AST | None = None
+    block = "body"
+    stmts = body
+    while True:
+        index = next((i for i, s in enumerate(stmts)
+                      if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        if index is None:
+            return chain
+        chain.append(_Link(owner if owner is not None else ast.Module(body=[], type_ignores=[]),
+                           block, stmts, index))
+        stmt = stmts[index]
+        inner = next(((name, blk) for name, blk in _blocks(stmt)
+                      if blk and blk[0].lineno <= line <= (blk[-1].end_lineno or blk[-1].lineno)),
+                     None)
+        if inner is None:
+            return chain
+        owner, (block, stmts) = stmt, inner
+
+
+def _blocks(stmt: ast.stmt) -> list[tuple[str, Sequence[ast.stmt]]]:
+    """The statement lists a compound statement holds, named for how control reaches them."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return []
+    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        return ([("body", stmt.body)] + [("handler", h.body) for h in stmt.handlers]  # type: ignore[attr-defined]
+                + [("orelse", stmt.orelse), ("finally", stmt.finalbody)])  # type: ignore[attr-defined]
+    if isinstance(stmt, ast.Match):
+        return [("case", c.body) for c in stmt.cases]
+    return [(name, getattr(stmt, name)) for name in ("body", "orelse") if getattr(stmt, name, None)]
+
+
+class _Liveness:
+    """Backward liveness over the blocks of one chain (see the module docstring)."""
+
+    def __init__(self, chain: list[_Link]) -> None:
+        self.chain = chain
+        self._after: dict[int, frozenset[str]] = {}
+
+    def before_block(self, level: int, index: int) -> frozenset[str]:
+        """Live before statement ``index`` of the block at chain ``level``."""
+        link = self.chain[level]
+        live = _block(link.stmts[index:], self.block_out(level), self.loop_ctx(level))
+        if link.block == "body" and isinstance(link.owner, (ast.Try,)):
+            live |= self._handlers_live(level)
+        return live
+
+    def after(self, level: int) -> frozenset[str]:
+        """Live after the statement at chain ``level`` (the owner of ``level + 1``)."""
+        if level not in self._after:
+            link = self.chain[level]
+            self._after[level] = _block(link.stmts[link.index + 1:], self.block_out(level),
+                                        self.loop_ctx(level))
+        return self._after[level]
+
+    def block_out(self, level: int) -> frozenset[str]:
+        """Live when control falls off the end of the block at ``level``."""
+        if level == 0:
+            return frozenset()
+        link, parent = self.chain[level], level - 1
+        owner = link.owner
+        if isinstance(owner, _LOOPS) and link.block == "body":
+            return _loop_head(owner, self.after(parent), self.loop_ctx(parent))
+        if isinstance(owner, ast.Try) and link.block in ("body", "orelse", "handler"):
+            return (_block(owner.orelse, _block(owner.finalbody, self.after(parent), self.loop_ctx(parent)),
+                           self.loop_ctx(parent)) if link.block == "body"
+                    else _block(owner.finalbody, self.after(parent), self.loop_ctx(parent)))
+        return self.after(parent)
+
+    def _handlers_live(self, level: int) -> frozenset[str]:
+        owner = self.chain[level].owner
+        assert isinstance(owner, ast.Try)
+        out = _block(owner.finalbody, self.after(level - 1), self.loop_ctx(level - 1))
+        live: frozenset[str] = frozenset()
+        for h in owner.handlers:
+            live |= _block(h.body, out, self.loop_ctx(level - 1))
+        return live
+
+    def loop_ctx(self, level: int) -> _Ctx:
+        """Where ``break`` and ``continue`` lead from the block at ``level``."""
+        for lvl in range(level, 0, -1):
+            link = self.chain[lvl]
+            if isinstance(link.owner, _LOOPS) and link.block == "body":
+                after = self.after(lvl - 1)
+                return _Ctx(after, _loop_head(link.owner, after, self.loop_ctx(lvl - 1)))
+        return _Ctx(frozenset(), frozenset())
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    brk: frozenset[str]
+    cont: frozenset[str]
+
+
+def _loop_head(loop: ast.AST, out: frozenset[str], ctx: _Ctx) -> frozenset[str]:
+    """Live at the head of ``loop`` (where each iteration starts), by fixpoint."""
+    head: frozenset[str] = frozenset()
+    orelse = _block(getattr(loop, "orelse", []), out, ctx)
+    for _ in range(16):
+        inner = _Ctx(out, head)
+        body = _block(loop.body, head, inner)  # type: ignore[attr-defined]
+        if isinstance(loop, ast.While):
+            new = _uses(loop.test) | body | orelse | out
+        else:
+            assert isinstance(loop, (ast.For, ast.AsyncFor))
+            new = (body - set(_names(loop.target))) | _uses(loop.target) | orelse | out
+        if new == head:
+            break
+        head = new
+    return head
+
+
+def _block(stmts: Sequence[ast.stmt], out: frozenset[str], ctx: _Ctx) -> frozenset[str]:
+    live = out
+    for stmt in reversed(stmts):
+        live = _stmt(stmt, live, ctx)
+    return live
+
+
+def _stmt(stmt: ast.stmt, out: frozenset[str], ctx: _Ctx) -> frozenset[str]:
+    if isinstance(stmt, ast.Break):
+        return ctx.brk
+    if isinstance(stmt, ast.Continue):
+        return ctx.cont
+    if isinstance(stmt, (ast.Return, ast.Raise)):
+        return _uses(stmt)
+    if isinstance(stmt, ast.If):
+        return _uses(stmt.test) | _block(stmt.body, out, ctx) | _block(stmt.orelse, out, ctx)
+    if isinstance(stmt, _LOOPS):
+        head = _loop_head(stmt, out, ctx)
+        return head | (_uses(stmt.iter) if isinstance(stmt, (ast.For, ast.AsyncFor)) else frozenset())
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        bound = {n for item in stmt.items if item.optional_vars is not None
+                 for n in _names(item.optional_vars)}
+        return frozenset().union(*(_uses(i.context_expr) for i in stmt.items)) | (
+            _block(stmt.body, out, ctx) - bound)
+    if isinstance(stmt, ast.Try):
+        after = _block(stmt.finalbody, out, ctx)
+        handlers = frozenset().union(*(_block(h.body, after, ctx) for h in stmt.handlers))
+        return _block(stmt.body, _block(stmt.orelse, after, ctx) | handlers, ctx) | handlers | after
+    if isinstance(stmt, ast.Match):
+        return _uses(stmt.subject) | frozenset().union(*(_block(c.body, out, ctx) for c in stmt.cases)) | out
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return (out - {stmt.name}) | _free_uses(stmt)
+    uses = _uses(stmt)
+    if isinstance(stmt, ast.AugAssign):
+        return (out - set(_names(stmt.target))) | uses | set(_names(stmt.target))
+    return (out - _defs(stmt)) | uses
+
+
+def _uses(node: ast.AST | None) -> frozenset[str]:
+    """Names read anywhere in ``node`` (nested functions and comprehensions included)."""
+    if node is None:
+        return frozenset()
+    return frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+
+
+def _free_uses(node: ast.AST) -> frozenset[str]:
+    return _uses(node)
+
+
+def _defs(stmt: ast.stmt) -> frozenset[str]:
+    """Names a simple statement surely assigns (its own targets, not a comprehension's)."""
+    if isinstance(stmt, ast.Assign):
+        return frozenset(n for t in stmt.targets for n in _names(t))
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        return frozenset(_names(stmt.target))
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return frozenset((a.asname or a.name).split(".")[0] for a in stmt.names)
+    return frozenset()
+
+
+def _names(target: ast.AST) -> list[str]:
+    """The plain names a target binds, in order (``a, (b, c)`` -> a, b, c)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in _names(elt)]
+    if isinstance(target, ast.Starred):
+        return _names(target.value)
+    return []
+
+
+def _stores(node: ast.AST) -> frozenset[str]:
+    """Every name assigned inside ``node``, outside nested functions and classes."""
+    found: set[str] = set()
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        for child in ast.iter_child_nodes(current):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
+                                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                continue
+            if isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
+                found.add(child.id)
+            todo.append(child)
+    return frozenset(found)
+
+
+def _globals_assigned(scope: _Scope) -> frozenset[str]:
+    """At module level: the names functions of the module declare ``global`` (state they
+    change on the loop's behalf)."""
+    if not isinstance(scope, ast.Module):
+        return frozenset()
+    return frozenset(n for node in ast.walk(scope) if isinstance(node, ast.Global) for n in node.names)
+
+
+def bind(target: ast.expr | None, item: object) -> dict[str, object] | None:
+    """The names a ``for`` target binds to ``item`` (``batch, i`` from ``(3, 60)``); None
+    when the target is not plain names or ``item`` does not unpack to it."""
+    if target is None:
+        return None
+    if isinstance(target, ast.Name):
+        return {target.id: item}
+    if isinstance(target, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in target.elts):
+        try:
+            items = list(item)  # type: ignore[call-overload]
+        except TypeError:
+            return None
+        if len(items) != len(target.elts):
+            return None
+        out: dict[str, object] = {}
+        for elt, value in zip(target.elts, items, strict=True):
+            sub = bind(elt, value)
+            if sub is None:
+                return None
+            out.update(sub)
+        return out
+    return None
