@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 from ravex.errors import RestoreError
@@ -30,7 +32,7 @@ from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__
 
-from . import provenance
+from . import position, provenance
 from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
@@ -67,6 +69,9 @@ class Cadence(Resume):
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
         self._watch: _SilentWatch | None = None
+        self._head_watch: position.HeadWatch | None = None
+        self._head_frame: FrameType | None = None  # the frame at its loop head, while its checkpoint is taken
+        self._unsaved_said = False
         #: the tensor the last backward() ran on, read as each checkpoint's loss
         self.last_loss = LastLoss()
         self._run_record: RunRecord | None = None  # rank 0: what this run was, gathered once
@@ -101,7 +106,7 @@ class Cadence(Resume):
             return
         self._count_step(n)
         if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
-            self._await_next_forward()
+            self._await_loop_head()
 
     def _count_step(self, n: int) -> None:
         """Step ``n`` is done: count it, and mark a checkpoint due on the interval or clock."""
@@ -153,6 +158,46 @@ class Cadence(Resume):
                  "at": loop.yielded if loop is self._at_loop else max(loop.yielded - 1, 0)}
                 for loop in self.loops]
 
+    def _await_loop_head(self) -> None:
+        """No DataLoader to mark the step boundary: take the checkpoint where the script's
+        loop starts its next iteration (:class:`.position.HeadWatch`), a point a rerun can
+        come back to; where that loop cannot be watched, at the next forward pass."""
+        if self._head_watch is not None and not self._head_watch.done:
+            return
+        self._watch_from(sys._getframe(1))
+
+    def _watch_from(self, frame: FrameType | None) -> None:
+        """Watch the innermost main-script frame at or outside ``frame`` that is in a loop."""
+        self._head_watch = None
+        if self.enabled and self.world_size == 1 and (self._due or self._exit_signal is not None):
+            frame = position.innermost_frame(frame)
+            while frame is not None:
+                self._head_watch = position.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
+                if self._head_watch is not None:
+                    return
+                frame = position.innermost_frame(frame.f_back)
+        self._await_next_forward()
+
+    def _at_loop_head(self, frame: FrameType) -> None:
+        self._head_watch = None
+        if not self.enabled or not (self._due or self._exit_signal is not None):
+            return
+        self._clear_forward_hook()
+        self._head_frame = frame
+        try:
+            self._boundary(None)
+        finally:
+            self._head_frame = None
+
+    def _stop_position_tracing(self) -> None:
+        """Shutdown: no trace function, no ``enumerate`` of ours left behind."""
+        watch, self._head_watch = self._head_watch, None
+        if watch is not None:
+            watch.stop()
+        if self._reentry is not None:
+            self._reentry.stop()
+        self.drop_enumerate()
+
     def _await_next_forward(self) -> None:
         """No DataLoader to mark the step boundary: use the next forward pass instead.
 
@@ -180,6 +225,8 @@ class Cadence(Resume):
         """``next()`` on a DataLoader iterator, before the batch is fetched."""
         if not self.enabled:
             return
+        if self._enumerate is not None:
+            self.drop_enumerate()
         if not self._due:
             self._check_time()
         if self._due or self._exit_signal is not None:
@@ -258,6 +305,9 @@ class Cadence(Resume):
         """
         self._due = False
         self._last_time = time.monotonic()
+        watch, self._head_watch = self._head_watch, None
+        if watch is not None:
+            watch.stop()
         if not force and self.step == self.last_checkpoint_step:
             return False
         breaker = self.breaker
@@ -302,7 +352,7 @@ class Cadence(Resume):
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
         """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`: the
         tree, this rank's layout, and the chunk size of each sparsely updated table."""
-        tree = collect(self.registry, self.step, st, self._loop_positions())
+        tree = collect(self.registry, self.step, st, self._loop_positions(), self._script_position(st))
         rank_layout = None
         if backend.multi_rank_steps:  # ranks, shards: who writes what
             tree, rank_layout = layout.lay_out(tree, self.rank, self.world_size)
@@ -315,6 +365,35 @@ class Cadence(Resume):
         if self._run_record is None and self.rank == 0 and backend.records_runs:
             self._run_record = provenance.gather(self.config, self.world_size)
         return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes, self._run_record)
+
+    def _script_position(self, st: LoaderState | None) -> dict[str, Any] | None:
+        """Where the main script's loops stand (:mod:`.position`), for a checkpoint taken at
+        the head of a loop or at a DataLoader loop's ``next()``, or only the variables its
+        loops carry at a ``ravex.loop`` boundary (which saves the positions); None elsewhere."""
+        if self.world_size > 1:
+            return None
+        frame: FrameType | None
+        if self.loops:
+            frame, mode = position.innermost_frame(sys._getframe(1)), "loop"
+        elif self._head_frame is not None:
+            frame, mode = self._head_frame, "head"
+        elif st is not None:
+            frame, mode = position.innermost_frame(sys._getframe(1)), "header"
+        else:
+            return None
+        if frame is None:
+            return None
+        wanted = self.config.script_variables
+        script, unsaved = (position.capture_variables(frame, wanted) if mode == "loop"
+                           else position.capture(frame, mode, wanted))
+        if unsaved and not self._unsaved_said and script is not None:
+            self._unsaved_said = True
+            logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "
+                           "which a checkpoint cannot hold (only tensors, numbers, strings and "
+                           "lists/tuples/dicts of them): a resumed run has them as the code before "
+                           "the loop sets them; `script_variables: none` in ravex.yaml silences this",
+                           frame.f_code.co_filename, ", ".join(unsaved))
+        return script
 
     def flush(self) -> None:
         if self.backend is not None:

@@ -95,6 +95,9 @@ class RavexConfig:
     checkpoint_on_exit: bool = True
     checkpoint_on_signal: list[str] = field(default_factory=lambda: ["SIGTERM"])
     resume: str | int = "auto"
+    #: the main script's variables a checkpoint saves with its loop position: "auto" (those
+    #: the loops assign and read again, found from the source), "none", or a list of names
+    script_variables: str | list[str] = "auto"
     log_level: str = "INFO"
     #: key -> where its value came from; filled by :meth:`load`.
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -342,6 +345,18 @@ def _resume(value: Any) -> str | int:
     return value
 
 
+def _script_variables(value: Any) -> str | list[str]:
+    if value in ("auto", "none"):
+        return str(value)
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, str) and v.isidentifier() for v in value)):
+        raise ValueError(f"expected 'auto', 'none' or a list of variable names like [iter_num, "
+                         f"best_val_loss], got {value!r}")
+    return list(value)
+
+
 _VALIDATORS = {
     "checkpoint_every": _positive_int_or_none,
     "checkpoint_every_seconds": _positive_float_or_none,
@@ -355,6 +370,7 @@ _VALIDATORS = {
     "checkpoint_on_exit": _bool,
     "checkpoint_on_signal": _signals,
     "resume": _resume,
+    "script_variables": _script_variables,
     "log_level": _one_of(LOG_LEVELS, upper=True),
 }
 

@@ -153,6 +153,7 @@ class RavexRuntime(Cadence):
             self._triggers.clear()
             self._keepalive.clear()
             self._clear_forward_hook()
+            self._stop_position_tracing()
             self._restore_signals()
             self._stop_watch()
             self._unwrap_excepthook()

@@ -52,7 +52,7 @@ class LoopRuntime(Protocol):
 
     def enter_loop(self, loop: Loop) -> Entry: ...
 
-    def ensure_restored(self) -> None: ...
+    def restore_in_loop(self) -> None: ...
 
     def loop_boundary(self, loop: Loop, ran: bool) -> None: ...
 
@@ -97,7 +97,7 @@ class Loop:
                             break
                         self.yielded += 1
             if entry.restore:
-                runtime.ensure_restored()
+                runtime.restore_in_loop()
             ran = False
             while True:
                 runtime.loop_boundary(self, ran)

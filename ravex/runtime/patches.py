@@ -170,8 +170,9 @@ def install(runtime: Any) -> Patches:
     return patches
 
 
-def install_restore_triggers(runtime: Any) -> list[Any]:
-    """Hooks that restore before the first forward or optimizer step; caller removes them."""
+def install_restore_triggers(runtime: Any, forward: bool = True) -> list[Any]:
+    """Hooks that restore before the first forward pass (unless ``forward`` is False) or
+    optimizer step; the caller removes them."""
     from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -181,8 +182,10 @@ def install_restore_triggers(runtime: Any) -> list[Any]:
     def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         runtime.ensure_restored()
 
-    return [register_module_forward_pre_hook(before_forward),
-            register_optimizer_step_pre_hook(before_step)]
+    hooks = [register_optimizer_step_pre_hook(before_step)]
+    if forward:
+        hooks.append(register_module_forward_pre_hook(before_forward))
+    return hooks
 
 
 class _PrimedSampler:

@@ -11,6 +11,8 @@ backend stages them). Tree layout (lists are indexed by creation order)::
     loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
                   "active", "epoch_rng"}]
     loops       [{"site", "at", "boundary"}]   the ravex.loop positions, outermost first
+    script      {"mode", "frames": [{"code", "line", "loops", "variables"}]}  the main
+                script's loop position and the variables its loops carry (optional)
     rng         {"python", "numpy", "torch", "cuda": [...]}
 
 An optimizer's ``state_dict()`` is stored with each parameter under its name in the model
@@ -37,9 +39,10 @@ TREE_FORMAT = 2
 
 
 def collect(registry: Registry, step: int, active_loader: LoaderState | None,
-            loops: list[dict[str, Any]]) -> dict[str, Any]:
+            loops: list[dict[str, Any]], script: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole training state as one tree, tensors aliasing live memory; ``loops`` are
-    the wrapped loops' positions (:mod:`.loops`)."""
+    the wrapped loops' positions (:mod:`.loops`), ``script`` the main script's loop
+    position and variables (:mod:`.position`)."""
     tree: dict[str, Any] = {"ravex": {"step": step, "format": TREE_FORMAT}}
     named = script_names()
     models = registry.models()
@@ -78,6 +81,8 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
         )
     tree["loaders"] = loaders
     tree["loops"] = loops
+    if script is not None:
+        tree["script"] = script
     tree["rng"] = capture_rng()
     return tree
 

@@ -15,12 +15,14 @@ wrapped loop's says so once, naming the loop it is in.
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from types import FrameType
 from typing import Any
 
 from ravex.saving.backend import CheckpointBackend
 
-from . import patches, restore, rng
+from . import frames, patches, position, restore, rng
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .loops import ADVICE, Entry, Loop, main_loop_site
@@ -68,6 +70,8 @@ class Resume:
         self._resume_loops: list[dict[str, Any]] | None = None  # saved positions not yet entered
         self._loops_matched = 0  # how many of them this run has entered
         self._loops_skipped = False
+        self._reentry: position.Reentry | None = None  # the rerun going back to the saved loop position
+        self._enumerate: position.EnumerateFrom | None = None  # enumerate's count in the resumed epoch
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -79,7 +83,59 @@ class Resume:
             self._candidates = [self.backend.resume_point(resume)]
         if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
             self._restored = False
-            self._triggers = patches.install_restore_triggers(self)
+            if self._plan_reentry():
+                self._triggers = patches.install_restore_triggers(self, forward=False)
+            else:
+                self._triggers = patches.install_restore_triggers(self)
+
+    def _plan_reentry(self) -> bool:
+        """A step that recorded the main script's loop position (:mod:`.position`) is restored
+        there: the rerun is traced back to it, and the first forward pass no longer restores
+        (the script may run one before its loop). The first optimizer step still does, should
+        the position never come."""
+        if self.world_size > 1:
+            return False
+        tree = self._load_resume()
+        script = (tree or {}).get("script")
+        if not script or (tree or {}).get("loops"):
+            return False
+        if not frames.supported():
+            logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but this "
+                           "interpreter's frames cannot be re-entered (CPython 3.11/3.12 without "
+                           "another trace function can): the checkpoint is restored at the first "
+                           "forward pass and the loop starts over", self.resumed_from,
+                           position.describe(script))
+            return False
+        self._reentry = position.Reentry(script, self._restore_at_position, self._position_lost)
+        if script["mode"] == "header":
+            self._enumerate = position.EnumerateFrom()
+            self._enumerate.install()
+        self._reentry.start(sys._getframe(1))
+        return True
+
+    def drop_enumerate(self) -> None:
+        """The resumed epoch is running: ``enumerate`` is the builtin again."""
+        shim, self._enumerate = self._enumerate, None
+        if shim is not None:
+            shim.uninstall()
+
+    def _restore_at_position(self, live: list[FrameType]) -> None:
+        """The rerun reached the saved loop position: restore, with the script's variables."""
+        reentry = self._reentry
+        self.ensure_restored()
+        if reentry is not None:
+            position.put_variables(reentry.script, live)
+
+    def _position_lost(self, why: str) -> None:
+        reentry, self._reentry = self._reentry, None
+        if reentry is None:
+            return
+        reentry.stop()
+        self.drop_enumerate()
+        logger.warning("ravex: cannot return to the loop at %s where checkpoint step %s was taken: "
+                       "%s; the checkpoint is restored at the next optimizer step and the loop "
+                       "goes on from where this run is", position.describe(reentry.script),
+                       self.resumed_from, why)
 
     def _load_resume(self) -> dict[str, Any] | None:
         """Read the newest readable candidate step; corrupt ones fall back with a warning."""
@@ -148,6 +204,8 @@ class Resume:
             handle.remove()
         self._triggers.clear()
         tree = self._load_resume()
+        if self._reentry is not None and self._reentry.active:
+            self._position_lost("the position was not reached before the first optimizer step")
         if tree is None:
             return
         started = time.perf_counter()
@@ -160,13 +218,35 @@ class Resume:
         logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
                     (time.perf_counter() - started) * 1000)
-        if not (self.loops_used or tree.get("loops")
+        if self._reentry is not None:
+            self._sync_loaders(tree)
+            logger.info("ravex: back in the loop at %s where step %d was taken",
+                        position.describe(self._reentry.script), self.step)
+        elif not (self.loops_used or tree.get("loops") or tree.get("script")
                 or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
             site = main_loop_site()
             logger.warning("ravex: resumed step %d, but the position of the loop%s is unknown (no "
                            "DataLoader, no ravex.loop): it starts over on the restored state; "
                            "`%s` around its iterable makes the resume exact", self.step,
                            f" at {site}" if site else "", ADVICE)
+
+    def restore_in_loop(self) -> None:
+        """A wrapped loop (:mod:`.loops`) is back where the checkpoint was taken: restore, and
+        put back the variables the script's loops carried (:func:`.position.capture_variables`)."""
+        tree = None if self._restored else self._load_resume()
+        self.ensure_restored()
+        script = (tree or {}).get("script")
+        if script and script.get("mode") == "loop":
+            position.put_variables(script, position.live_frames(script, sys._getframe(1)))
+
+    def _restore_here(self) -> None:
+        """Restore from a DataLoader's ``iter()``: at a recorded loop position, with the
+        script's variables (and the index ``enumerate`` starts from)."""
+        reentry = self._reentry
+        if reentry is None or self._restored:
+            self.ensure_restored()
+            return
+        self._restore_at_position(reentry.live_frames(sys._getframe(1)))
 
     def enter_loop(self, loop: Loop) -> Entry:
         """A wrapped loop starts: on a resume, how many iterations it skips and whether the
@@ -216,8 +296,8 @@ class Resume:
             self._loops_lost(f"the loop at {self._resume_loops[self._loops_matched]['site']} "
                              f"was not reached inside {loop.site}")
 
-    def _loader_entry(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
-        if st.resume_checked or (self._restored and self._resume_loaders is None):
+    def _loader_entry(self, loader: Any, st: LoaderState, force: bool = False) -> dict[str, Any] | None:
+        if not force and (st.resume_checked or (self._restored and self._resume_loaders is None)):
             return None
         st.resume_checked = True
         self._load_resume()
@@ -232,13 +312,41 @@ class Resume:
                             index, loader, entry)
         return entry
 
+    def _sync_loaders(self, tree: dict[str, Any]) -> None:
+        """Back at a recorded loop position, the loaders' epoch counts continue the saved
+        run's (the rerun skipped the epochs that counted them), but the one resumed mid-epoch."""
+        for loader, entry in zip(self.registry.live("loaders"), tree.get("loaders", []), strict=False):
+            st = self.registry.loader_state(loader)
+            if st.resume_checked:
+                continue
+            st.resume_checked = True
+            st.epoch, st.yielded, st.exhausted = int(entry["epoch"]), int(entry["yielded"]), True
+        self._resume_loaders = None
+
+    def _reentered_loader(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
+        """With a recorded loop position: the saved entry of the loader whose epoch the
+        checkpoint interrupted, when this ``iter()`` is that loop's; None for any other."""
+        reentry = self._reentry
+        if reentry is None or self._restored or not reentry.at_loader():
+            return None
+        st.resume_checked = True
+        entry = self._loader_entry(loader, st, force=True)
+        if entry is None or not entry.get("active"):
+            self._position_lost("the DataLoader of that loop is not the one the checkpoint was taken in")
+            return None
+        st.epoch = int(entry["epoch"]) - 1
+        return entry
+
     def loader_iter(self, loader: Any, original: Any) -> Any:
         """``DataLoader.__iter__``: count the epoch; on resume, skip or replay it."""
         st = self.registry.loader_state(loader)
         if not self.enabled:
             return original(loader)
+        if self._reentry is not None and not self._restored:
+            entry = self._reentered_loader(loader, st)
+        else:
+            entry = self._loader_entry(loader, st)
         epoch = st.epoch + 1
-        entry = self._loader_entry(loader, st)
         if entry is not None and self._loops_skipped and st.epoch < 0:
             epoch = max(epoch, int(entry["epoch"]))  # the wrapped loops skipped its finished epochs
         if entry is not None and epoch <= entry["epoch"]:
@@ -250,7 +358,7 @@ class Resume:
             length = entry.get("length")
             if entry["exhausted"] or (length is not None and st.yielded >= length):
                 st.exhausted = True
-                self.ensure_restored()
+                self._restore_here()
                 return _Empty()
             # Replay the epoch's start: same worker seeds, same shuffle order.
             was_restored = self._restored
@@ -259,10 +367,12 @@ class Resume:
             st.exhausted = False
             st.pending_skip = st.yielded
             iterator = original(loader)
+            if self._enumerate is not None:
+                self._enumerate.expect(iterator, st.yielded)
             if current is not None:
                 rng.restore_epoch_rng(loader, current)
             else:
-                self.ensure_restored()  # sets every RNG to the checkpoint's
+                self._restore_here()  # sets every RNG to the checkpoint's
             return iterator
         st.epoch, st.yielded, st.exhausted = epoch, 0, False
         st.epoch_rng = rng.capture_epoch_rng(loader)
