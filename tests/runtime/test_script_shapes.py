@@ -1,0 +1,157 @@
+"""Unchanged scripts of the shapes people run resume exactly (issue 14), found by Ravex
+from the main script's frames and source (ravex.runtime.position), without ravex.loop.
+
+Each shape (tests/runtime/shapes/) is killed by SIGKILL at random steps, once its last
+checkpoint is durable, and rerun unchanged. The rerun must run only the iterations after
+the checkpoint (its own printed counters continue), never rewrite a user file an earlier
+epoch finished, and end bitwise equal to an uninterrupted run on plain torch; the files it
+writes hold what the uninterrupted run's hold.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from . import harness
+
+SHAPES = Path(__file__).with_name("shapes")
+OUTPUT = ("STEP ", "EVAL ", "TEST ", "EPOCH ")
+
+
+@dataclass(frozen=True)
+class Shape:
+    script: str
+    iterations: int  #: loop iterations of a whole run (one STEP line each)
+    every: int  #: checkpoint_every: Ravex counts an iteration that steps two optimizers as one step
+    per_epoch: int = 0  #: iterations of an epoch, where the script writes a file per epoch
+    files: tuple[str, ...] = ()  #: the per-epoch files, with {e} for the epoch as the script numbers it
+    first_epoch: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+CASES = {
+    "while-globals": (Shape("while_globals.py", 37, 5), 6),
+    "epochs-in-function": (Shape("epochs_function.py", 30, 4, per_epoch=10, files=("model_epoch_{e}.pt",),
+                                 first_epoch=1), 6),
+    "enumerate-branch": (Shape("enumerate_branch.py", 24, 3, per_epoch=12,
+                               files=("netG_epoch_{e}.pth", "netD_epoch_{e}.pth")), 6),
+    "sliced-in-function": (Shape("sliced_function.py", 72, 5), 5),
+}
+
+
+def _output(result: harness.Result) -> list[str]:
+    return [line for line in result.stdout if line.startswith(OUTPUT)]
+
+
+def _after(lines: list[str], iterations: int) -> list[str]:
+    """``lines`` after the ``iterations``-th STEP line."""
+    seen = 0
+    for n, line in enumerate(lines):
+        if seen == iterations:
+            return lines[n:]
+        seen += line.startswith("STEP ")
+    return [] if seen == iterations else lines
+
+
+def _files(cwd: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in cwd.iterdir()
+            if p.suffix in (".pt", ".pth") and p.name != "final.pt"}
+
+
+def _run(shape: Shape, cwd: Path, **env: str) -> harness.Result:
+    return harness.run([harness.PYTHON, str(SHAPES / shape.script)], cwd,
+                       harness.child_env(**shape.env, **env))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Each shape's uninterrupted run on plain torch: its output, final state and files."""
+    cache: dict[str, tuple[harness.Result, dict, dict[str, tuple[int, bytes]]]] = {}
+
+    def get(name: str, shape: Shape):
+        if name not in cache:
+            cwd = tmp_path_factory.mktemp(f"reference-{name}")
+            result = _run(shape, cwd, T_ENTRY="none", T_OUT=str(cwd / "final.pt"))
+            assert result.returncode == 0, result.explain()
+            assert len([line for line in result.stdout if line.startswith("STEP ")]) == shape.iterations
+            cache[name] = (result, torch.load(cwd / "final.pt", weights_only=False), _files(cwd))
+        return cache[name]
+
+    return get
+
+
+def _rng() -> random.Random:
+    import os
+
+    seed = int(os.environ.get("RAVEX_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"kill-point seed {seed} (rerun with RAVEX_TEST_SEED={seed})")
+    return random.Random(seed)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_unchanged_script_resumes_bitwise_after_sigkill(name, tmp_path, reference):
+    shape, trials = CASES[name]
+    ref, ref_state, ref_files = reference(name, shape)
+    per_checkpoint = shape.every
+    rng = _rng()
+    points = rng.sample(range(per_checkpoint + 1, shape.iterations), trials)
+    for kill_at in points:
+        cwd = tmp_path / f"killed-at-{kill_at}"
+        cwd.mkdir()
+        (cwd / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {shape.every}\nkeep_last: 2\n")
+        first = harness.run([harness.PYTHON, str(SHAPES / shape.script)], cwd,
+                            harness.child_env(**shape.env, T_ENTRY="activate", T_BLOCK_AT=str(kill_at)),
+                            kill_on="BLOCKED")
+        assert first.returncode == -signal.SIGKILL and not first.timed_out, first.explain()
+        before = _files(cwd)
+        second = _run(shape, cwd, T_ENTRY="activate", T_OUT=str(cwd / "final.pt"))
+        where = f"{name}, killed after iteration {kill_at}"
+        assert second.returncode == 0, f"{where}\n{second.explain()}"
+        # a checkpoint due after iteration k is taken where iteration k + 1 starts
+        resumed = (kill_at - 1) // per_checkpoint * per_checkpoint
+        assert second.resumed_from == resumed, f"{where}\n{second.explain()}"
+        assert _output(second) == _after(_output(ref), resumed), f"{where}: not exactly the iterations after {resumed}"
+        harness.assert_same_state(torch.load(cwd / "final.pt", weights_only=False), ref_state, where)
+        after = _files(cwd)
+        assert {k: v[1] for k, v in after.items()} == {k: v[1] for k, v in ref_files.items()}, where
+        for e in range(resumed // shape.per_epoch if shape.per_epoch else 0):
+            if (e + 1) * shape.per_epoch < resumed:  # finished before the checkpoint
+                for pattern in shape.files:
+                    f = pattern.format(e=e + shape.first_epoch)
+                    assert after[f][0] == before[f][0], f"{where}: {f} of a finished epoch written again"
+        for told in ("position of the loop", "cannot return to the loop", "nothing is being saved",
+                     "without bumping its version counter"):
+            assert told not in first.stderr + second.stderr, f"{where}\n{second.explain()}"
+
+
+def test_loop_over_prepared_batches_is_told_once_then_exact_with_ravex_loop(tmp_path, reference):
+    """Batches prepared in a list: no variable of the script tells where its loop stood. The
+    rerun says so once, naming the loop's line and the one-line fix; with it, exact."""
+    shape = Shape("sliced_function.py", 72, 5, env={"T_PRESLICED": "1"})
+    ref, ref_state, _ = reference("sliced-in-function", CASES["sliced-in-function"][0])
+    line = next(n for n, text in enumerate((SHAPES / shape.script).read_text().splitlines(), 1)
+                if text.rstrip().endswith("# the training loop"))
+    for wrapped in ("0", "1"):
+        cwd = tmp_path / f"loop-{wrapped}"
+        cwd.mkdir()
+        (cwd / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {shape.every}\n")
+        env = dict(shape.env, T_ENTRY="activate", T_LOOP=wrapped)
+        first = harness.run([harness.PYTHON, str(SHAPES / shape.script)], cwd,
+                            harness.child_env(**env, T_BLOCK_AT="33"), kill_on="BLOCKED")
+        assert first.returncode == -signal.SIGKILL, first.explain()
+        second = harness.run([harness.PYTHON, str(SHAPES / shape.script)], cwd,
+                             harness.child_env(**env, T_OUT=str(cwd / "final.pt")))
+        assert second.returncode == 0 and second.resumed_from == 30, second.explain()
+        told = [t for t in second.stderr.splitlines() if "ravex.loop" in t]
+        if wrapped == "0":
+            assert len(told) == 1 and f"sliced_function.py:{line}" in told[0], second.explain()
+        else:
+            assert told == [], second.explain()
+            assert _output(second) == _after(_output(ref), 30)
+            harness.assert_same_state(torch.load(cwd / "final.pt", weights_only=False), ref_state)
