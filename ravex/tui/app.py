@@ -24,7 +24,8 @@ from textual.worker import get_current_worker
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
 from ravex.format.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff, step_values
 from ravex.format.runs import RunRecord, read_run
-from ravex.format.summary import StepSummary, summarize_steps
+from ravex.format.summary import StepSummary
+from ravex.format.timelines import MAIN
 from ravex.format.validate import Finding, ValidationReport, validate
 
 from . import heap
@@ -43,7 +44,7 @@ from .model import (
     step_leaves,
     value_cells,
 )
-from .timelines import timeline_text
+from .timelines import StoreTimelines, history
 from .widgets import (
     DetailsPane,
     DiffPane,
@@ -85,6 +86,7 @@ class InspectorApp(App[None]):
         Binding("i", "details", "details"),
         Binding("escape", "go_back", "back", show=False),
         Binding("r", "reload", "reload", show=False),
+        Binding("t", "next_timeline", "timeline", show=False),  # the timelines box says so when there are several
     ]
 
     mode: reactive[str] = reactive("details")
@@ -93,7 +95,11 @@ class InspectorApp(App[None]):
         super().__init__()
         self.url = url
         self.storage_options = storage_options
-        self.store: CheckpointStore | None = None
+        self.root: CheckpointStore | None = None  # the store as opened (its main timeline)
+        self.store: CheckpointStore | None = None  # the timeline listed (spec §19): the current one at first
+        self.timeline: str | None = None  # the timeline to list (t moves it on before the listing follows)
+        self.timelines: StoreTimelines | None = None
+        self._owners: dict[int, str] = {}  # each listed step's timeline (a step lent by a parent is the parent's)
         self.summaries: list[StepSummary] = []
         self.step: int | None = None
         self.base_step: int | None = None
@@ -107,7 +113,7 @@ class InspectorApp(App[None]):
         self.findings: list[Finding] = []
         self.validated = False
         self.message: str | None = None
-        self._readers: OrderedDict[int, StepReader] = OrderedDict()
+        self._readers: OrderedDict[tuple[str, int], StepReader] = OrderedDict()  # by (timeline listed, step)
         self._readers_lock = threading.Lock()
         self._step_lock = threading.Lock()
         self._generation = 0  # bumped by every new diff or validation; older workers' results are dropped
@@ -155,23 +161,51 @@ class InspectorApp(App[None]):
 
     @work(thread=True, exclusive=True, group="steps")
     def load_steps(self) -> None:
+        """List the steps of timeline ``self.timeline`` (the current one the first time): its
+        history, the steps its lineage lends it, then its own."""
         try:
-            if self.store is None:
-                self.store = PiecewiseStore(open_store(self.url, storage_options=self.storage_options))
+            if self.root is None:
+                self.root = PiecewiseStore(open_store(self.url, storage_options=self.storage_options))
+            info = StoreTimelines.read(self.root)
+            name = self.timeline if self.timeline in info.timelines else info.current
+            view = self.root.on_timeline(name, info.timelines)
+            self.call_from_thread(self._show_timeline, info, view)
             got: list[StepSummary] = []
-            for summary in summarize_steps(self.store):
+            owners: dict[int, str] = {}
+            for owner, summary in history(view):
                 got.append(summary)
+                owners[summary.step] = owner
                 if len(got) % STEPS_BATCH == 0:
-                    self.call_from_thread(self._set_steps, list(got), False)
-            self.call_from_thread(self._set_steps, got, True)
-            self.call_from_thread(self._set_timelines, timeline_text(self.store))
+                    self.call_from_thread(self._set_steps, list(got), False, dict(owners))
+            self.call_from_thread(self._set_steps, got, True, owners)
         except RavexError as exc:
             self.call_from_thread(self.show_message, _store_problem(self.url, exc))
         except Exception as exc:  # any storage failure is a message, never a traceback
             self.call_from_thread(self.show_message, f"Cannot read {self.url!r}: {one_line(exc)}")
 
-    def _set_steps(self, summaries: list[StepSummary], done: bool) -> None:
+    def _show_timeline(self, info: StoreTimelines, view: CheckpointStore) -> None:
+        """Make ``view`` the timeline listed; another than before starts from no step chosen."""
+        name = view.timeline.name
+        moved = self.store is not None and self.store.timeline.name != name
+        self.store, self.timeline, self.timelines = view, name, info
+        box = self.query_one("#timelines", Static)
+        box.update(info.text(name) if info.worth_showing else "")
+        box.display = info.worth_showing
+        box.border_title = "timelines" if len(info.timelines) > 1 else "tags"
+        pane = self.query_one(StepsPane)
+        pane.border_title = "steps" if len(info.timelines) == 1 else f"steps of {name}"
+        if moved:
+            self.step, self.leaf, self.base_step, self.diff_pair = None, None, None, None
+            self._owners = {}
+            self.leaves, self._made_nodes = [], {}
+            self.query_one(TensorTree).set_leaves([])
+            pane.set_steps([], final=False)
+            self.mode = "details"
+            self.query_one(DetailsPane).show(Text(f"timeline {name}: reading its steps…", style="dim"))
+
+    def _set_steps(self, summaries: list[StepSummary], done: bool, owners: dict[int, str]) -> None:
         self.summaries = summaries
+        self._owners = owners
         if not summaries:
             if done:
                 self.show_message(
@@ -180,15 +214,16 @@ class InspectorApp(App[None]):
                 )
             return
         self.show_message(None)
-        self.query_one(StepsPane).set_steps(summaries, final=done)
+        tagged = {n for n, owner in owners.items() if self.timelines and self.timelines.tags_on(owner, n)}
+        self.query_one(StepsPane).set_steps(summaries, final=done, tagged=tagged)
         if done and not any(s.complete for s in summaries):
             self.notify("No step is complete yet: a run may be writing its first checkpoint.", severity="warning")
 
-    def _set_timelines(self, text: Text | None) -> None:
-        """The timelines and tags above the steps (spec §19); hidden when there are none."""
-        box = self.query_one("#timelines", Static)
-        box.update(text or "")
-        box.display = text is not None
+    def _render_step(self, s: StepSummary, record: RunRecord | None = None, note: str | None = None) -> Text:
+        """The details of step ``s``, with the timeline that holds it and its tags."""
+        owner = self._owners.get(s.step, self.timeline or "")
+        tags = self.timelines.tags_on(owner, s.step) if self.timelines is not None else []
+        return render_step(s, record, note, timeline=owner, tags=tags)
 
     def on_steps_pane_chosen(self, event: StepsPane.Chosen) -> None:
         s = event.summary
@@ -197,7 +232,7 @@ class InspectorApp(App[None]):
         self.step = s.step
         self._step_complete = s.complete
         self.leaf = None
-        self.query_one(DetailsPane).show(render_step(s))
+        self.query_one(DetailsPane).show(self._render_step(s))
         if s.run:
             self.load_run(s)
         tree = self.query_one(TensorTree)
@@ -228,24 +263,25 @@ class InspectorApp(App[None]):
 
     def _show_run(self, s: StepSummary, record: RunRecord | None, note: str | None) -> None:
         if s.step == self.step and self.leaf is None:
-            self.query_one(DetailsPane).show(render_step(s, record, note))
+            self.query_one(DetailsPane).show(self._render_step(s, record, note))
 
     def reader(self, step: int) -> StepReader:
         """A cached reader for a complete step (any thread)."""
-        with self._readers_lock:
-            r = self._readers.get(step)
-            if r is not None:
-                self._readers.move_to_end(step)
-                return r
         store = self.store
         assert store is not None
-        with heap.parsing():  # megabytes of JSON: parsed in pieces, no GC pause on what it builds
-            r = store.open_step(step)
+        key = (store.timeline.name, step)
         with self._readers_lock:
-            self._readers[step] = r
+            r = self._readers.get(key)
+            if r is not None:
+                self._readers.move_to_end(key)
+                return r
+        with heap.parsing():  # megabytes of JSON: parsed in pieces, no GC pause on what it builds
+            r = store.open_step(step)  # a step the lineage lends is read from its own timeline
+        with self._readers_lock:
+            self._readers[key] = r
             while len(self._readers) > READER_CACHE:
-                old, _ = self._readers.popitem(last=False)
-                store.forget(old)  # the store would keep its manifests too (and the GC walk them)
+                _, old = self._readers.popitem(last=False)
+                old.store.forget(old.step)  # the store would keep its manifests too (and the GC walk them)
         return r
 
     @work(thread=True, exclusive=True, group="step")
@@ -399,6 +435,17 @@ class InspectorApp(App[None]):
     def action_reload(self) -> None:
         self.load_steps()
 
+    def action_next_timeline(self) -> None:
+        """List the next timeline of the tree (spec §19)."""
+        info = self.timelines
+        if info is None or self.timeline is None or self.message:
+            return
+        if len(info.timelines) == 1:
+            self.notify("This store has one timeline: resuming an older step (RAVEX_RESUME=60) starts another.")
+            return
+        self.timeline = info.after(self.timeline)
+        self.load_steps()
+
     # ---- diff ------------------------------------------------------------------------------------
 
     def action_mark(self) -> None:
@@ -542,7 +589,7 @@ class InspectorApp(App[None]):
     # ---- validate -----------------------------------------------------------------------------------
 
     def action_validate(self) -> None:
-        if self.store is None:
+        if self.root is None:
             return
         self._generation += 1
         self.findings = []
@@ -559,7 +606,7 @@ class InspectorApp(App[None]):
 
     @work(thread=True, exclusive=True, group="validate")
     def run_validate(self, generation: int) -> None:
-        assert self.store is not None
+        assert self.root is not None
         last = [-1]
 
         def progress(done: int, total: int, what: str) -> None:
@@ -571,7 +618,8 @@ class InspectorApp(App[None]):
 
         try:
             # a store of its own, holding the manifests of a few steps at a time, not the readers' steps
-            report = validate(PiecewiseStore(self.store, cache_size=VALIDATE_CACHE), full=True, progress=progress)
+            # every timeline's steps (from the store's main timeline, as `ravex validate` does)
+            report = validate(PiecewiseStore(self.root, cache_size=VALIDATE_CACHE), full=True, progress=progress)
         except Exception as exc:
             failed = Text(f"validation failed: {one_line(exc)}", "red")
             self.call_from_thread(self._set_validation_title, generation, failed)
@@ -608,7 +656,7 @@ class InspectorApp(App[None]):
             style = "red" if f.severity == "error" else "yellow"
             table.add_row(
                 Text("✗" if f.severity == "error" else "!", style=f"bold {style}"),
-                Text("" if f.step is None else f"step_{f.step}"), Text(_display(f.tensor) or f.kind, style=style),
+                Text(_finding_step(f)), Text(_display(f.tensor) or f.kind, style=style),
                 Text(f.chunk or ""), Text(f.kind), key=str(i),
             )
         if self.findings:
@@ -618,6 +666,11 @@ class InspectorApp(App[None]):
         if event.data_table.id == "validate-table" and event.row_key.value is not None:
             finding = self.findings[int(event.row_key.value)]
             if finding.tensor and finding.step is not None:
+                where = finding.timeline or MAIN
+                if self._owners.get(finding.step) != where:
+                    self.notify(f"{_finding_step(finding)} is not listed: press t until timeline {where} is",
+                                severity="warning")
+                    return
                 self.open_tensor(finding.step, _display(finding.tensor))
 
     def open_tensor(self, step: int, name: str) -> None:
@@ -644,6 +697,13 @@ def _table_rows(rows: list[TensorDiff], values: list[ValueDiff]) -> list[TableRo
 
 class _Cancelled(Exception):
     """Raised inside a worker whose result nobody wants any more."""
+
+
+def _finding_step(f: Finding) -> str:
+    """A finding's step as the table shows it: ``step_60``, ``exp@step_60`` on another timeline."""
+    if f.step is None:
+        return ""
+    return f"step_{f.step}" if f.timeline is None else f"{f.timeline}@step_{f.step}"
 
 
 def _display(tensor: str | None) -> str:

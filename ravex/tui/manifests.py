@@ -15,6 +15,7 @@ from typing import Any
 
 from ravex.format import CheckpointStore, RavexError
 from ravex.format.manifest import Manifest
+from ravex.format.timelines import Timeline
 
 from . import heap
 
@@ -80,6 +81,12 @@ class PiecewiseStore(CheckpointStore):
         super().__init__(store.storage, store.root, store.timeline)
         if cache_size is not None:
             self.manifest_cache_size = cache_size
+
+    def on_timeline(self, name: str, timelines: dict[str, Timeline] | None = None) -> CheckpointStore:
+        """The same, for timeline ``name``: a parent's steps read through the lineage are parsed
+        in pieces too (spec §19)."""
+        view = super().on_timeline(name, timelines)
+        return view if isinstance(view, PiecewiseStore) else PiecewiseStore(view, self.manifest_cache_size)
 
     def manifest(self, step: int, rank: int) -> Manifest:  # docstring inherited
         cached = self.cached_manifest(step, rank)

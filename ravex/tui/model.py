@@ -153,12 +153,17 @@ def _level(
 # ---- steps pane --------------------------------------------------------------------------------
 
 
-def step_row(s: StepSummary, max_new: int, width: int = 6) -> Text:
-    """One line of the steps pane: name, size, a bar of the bytes it added, those bytes.
+def step_row(s: StepSummary, max_new: int, width: int = 6, tagged: bool = False) -> Text:
+    """One line of the steps pane: name, size, a bar of the bytes it added, those bytes, and
+    ``◆`` when a tag names it.
 
     ``step_300  42.3K ██▌   +14.0K``; an incomplete step is marked instead.
     """
-    label = Text(f"step_{s.step}".ljust(10), style="bold" if s.complete else "dim")
+    label = Text(f"step_{s.step}".ljust(9), style="bold" if s.complete else "dim")
+    if tagged:
+        label.append("◆", style="cyan")
+    else:
+        label.append(" ")
     if not s.complete:
         label.append("✗ incomplete", style="yellow")
         return label
@@ -168,11 +173,18 @@ def step_row(s: StepSummary, max_new: int, width: int = 6) -> Text:
     return label
 
 
-def render_step(s: StepSummary, record: RunRecord | None = None, note: str | None = None) -> Text:
+def render_step(
+    s: StepSummary, record: RunRecord | None = None, note: str | None = None,
+    timeline: str = "main", tags: list[str] | None = None,
+) -> Text:
     """The details pane for a step (no tensor selected yet): what it holds, its training loss,
-    and the record of the run that wrote it (``note`` says why there is none, once looked for)."""
+    its tags, and the record of the run that wrote it (``note`` says why there is none, once
+    looked for). ``timeline``: the one that holds the step (spec §19), named unless ``main``."""
     t = Text()
-    t.append(f"step_{s.step}\n", style="bold")
+    t.append(f"step_{s.step}" if timeline == "main" else f"{timeline}@step_{s.step}", style="bold")
+    if tags:
+        t.append(f"  ◆ {', '.join(tags)}", style="cyan")
+    t.append("\n")
     if not s.complete:
         t.append(f"incomplete: {s.problem}\n", style="yellow")
         t.append("Readers ignore this step; a writer may still be working on it.\n")

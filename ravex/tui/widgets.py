@@ -44,16 +44,19 @@ class StepsPane(Vertical):
     def on_mount(self) -> None:
         self.border_title = "steps"
 
-    def set_steps(self, summaries: list[StepSummary], final: bool = True) -> None:
+    def set_steps(self, summaries: list[StepSummary], final: bool = True, tagged: set[int] | None = None) -> None:
         """Replace the list, keeping the highlighted step. ``final``: the listing is done, so
         highlight the newest complete step if nothing is highlighted yet (while a long listing
-        is still loading, batches only add rows and move nothing)."""
+        is still loading, batches only add rows and move nothing). ``tagged``: the steps a tag
+        names, marked."""
         options = self.query_one(OptionList)
         keep = self.highlighted_step
         self.summaries = list(summaries)
         top = max((s.new_bytes for s in self.summaries if s.complete), default=0)
         options.clear_options()
-        options.add_options([Option(step_row(s, top), id=str(s.step)) for s in self.summaries])
+        tagged = tagged or set()
+        options.add_options([Option(step_row(s, top, tagged=s.step in tagged), id=str(s.step))
+                             for s in self.summaries])
         self._draw_sparkline()
         if not self.summaries:
             return
@@ -296,6 +299,7 @@ HELP_KEYS = (
     ("v", "validate the store (rehash every object)"),
     ("i  esc", "back to details"),
     ("r", "reload the steps (a run may still be writing)"),
+    ("t", "next timeline (resuming an older step forks one)"),
     ("?", "this help"),
     ("q", "quit"),
 )
@@ -309,7 +313,7 @@ def help_text() -> Text:
     for key, what in HELP_KEYS:
         t.append(f"{key:<12}", style="bold")
         t.append(f"{what}\n")
-    t.append("\nSteps: the bar is the bytes a step added; ✗ marks incomplete steps.\n")
+    t.append("\nSteps: the bar is the bytes a step added; ✗ incomplete, ◆ tagged.\n")
     t.append("Chunk map: █ written by this step, ░ shared with the previous one.\n")
     t.append("Diff: ")
     t.append("red", style="bold red")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def state(step: int, branch: int) -> dict:
-    return {"w": np.full(1000, step * 10 + branch, np.float32), "step": step}
+    return {"model": {"w": np.full(1000, step * 10 + branch, np.float32)}, "step": step}
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_ls_shows_the_tree_and_steps_take_a_timeline(cli, forked):
     assert e.rc == 0, e
     from safetensors.numpy import load_file
 
-    assert load_file(out)["w"][0] == 801
+    assert load_file(out)["model.w"][0] == 801
 
 
 def test_tag_lists_deletes_and_refuses_bad_input_in_one_line(cli, forked):
@@ -102,26 +102,71 @@ def test_gc_never_collects_a_tagged_step_of_any_timeline(cli, forked):
     assert r.rc == 0, r
     assert sorted(map(str, r.json()["kept_steps"])) == ["60", "80", "main-60@80"]
     store = open_store(forked)
-    assert store.read("main@60")["w"].tobytes() == state(60, 0)["w"].tobytes()
-    assert store.read("main-60@80")["w"].tobytes() == state(80, 1)["w"].tobytes()
+    assert store.read("main@60")["model"]["w"].tobytes() == state(60, 0)["model"]["w"].tobytes()
+    assert store.read("main-60@80")["model"]["w"].tobytes() == state(80, 1)["model"]["w"].tobytes()
     assert cli("validate", "--full", env=env).rc == 0  # objects of main-60 are not orphans
 
 
-def test_the_inspector_shows_the_timelines_and_tags(forked):
+def test_the_inspector_lists_the_current_timelines_history_and_t_moves_on(forked):
     open_store(forked).tag("good", "main-60@70")
+    open_store(forked).tag("old", "main@70")
 
-    async def run() -> str:
+    def rows(app: InspectorApp) -> list[str]:
+        options = app.query_one("#step-list")
+        return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+    async def run() -> None:
         app = InspectorApp(str(forked))
         async with app.run_test(size=(100, 30)) as pilot:
             await settle(pilot)
             box = app.query_one("#timelines")
             assert box.display
-            return str(box.render())
+            tree = str(box.render())
+            assert "  main 60..80\n▶ └ main-60 at 60: 70..80 ●" in tree, tree
+            assert "tag good -> main-60@70" in tree and "tag old -> 70" in tree
+            # main-60's history: main's 60 (lent), then its own 70 and 80; its 70 is tagged
+            assert app.timeline == "main-60"
+            assert [(r.split()[0], "◆" in r) for r in rows(app)] == [("step_60", False), ("step_70", True),
+                                                                      ("step_80", False)]
+            assert str(app.query_one("#steps").border_title) == "steps of main-60"
+            details = str(app.query_one("#details-body").render())
+            assert details.startswith("main-60@step_80"), details
+            await pilot.press("up")
+            await settle(pilot)
+            assert str(app.query_one("#details-body").render()).startswith("main-60@step_70  ◆ good")
+            await pilot.press("tab", "down", "enter", "down")  # a tensor of main-60's step 70: its own bytes
+            await settle(pilot)
+            assert app.leaf is not None and app.reader(70).store.timeline.name == "main-60"
+            await pilot.press("shift+tab", "t")
+            await settle(pilot)
+            assert app.timeline == "main" and "▶ main 60..80" in str(box.render())
+            assert [(r.split()[0], "◆" in r) for r in rows(app)] == [("step_60", False), ("step_70", True),
+                                                                      ("step_80", False)]
+            assert app.step == 80 and app.leaf is None  # the choice made on main-60 did not carry over
+            assert str(app.query_one("#details-body").render()).startswith("step_80")
+            assert app.reader(70).read_array("model/w")[0] == 700  # main's 70, not main-60's
+            await pilot.press("t")
+            await settle(pilot)
+            assert app.timeline == "main-60"
 
-    text = asyncio.run(run())
-    assert "main  60..80 (3)" in text
-    assert "main-60  70..80 (2)  from main@60  current" in text
-    assert "tag good -> main-60@70" in text
+    asyncio.run(run())
+
+
+def test_timelines_snapshot(snap_compare, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = open_store("ckpt", create=True)
+    with store.writer(run="r0") as w:
+        for s in (60, 70, 80):
+            w.commit(s, state(s, 0))
+    with store.fork(60).writer(run="r1") as w:
+        for s in (70, 80):
+            w.commit(s, state(s, 1))
+    store.tag("before-spike", "60")
+
+    async def settled(pilot) -> None:
+        await settle(pilot)
+
+    assert snap_compare(InspectorApp("ckpt"), terminal_size=(80, 24), run_before=settled)
 
 
 def _objects(view, steps) -> set[str]:
