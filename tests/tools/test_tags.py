@@ -152,6 +152,37 @@ def test_the_inspector_lists_the_current_timelines_history_and_t_moves_on(forked
     asyncio.run(run())
 
 
+def test_the_inspector_validates_every_timeline_and_opens_a_finding_where_it_is_listed(forked):
+    store = open_store(forked)
+    only_fork = sorted(_objects(store.on_timeline("main-60"), [80]) - _objects(store, [60, 70, 80])
+                       - _objects(store.on_timeline("main-60"), [70]))
+    victim = forked / "objects" / only_fork[0][:2] / only_fork[0]
+    victim.write_bytes(victim.read_bytes()[::-1])  # main-60@80's own bytes, damaged
+
+    async def run() -> None:
+        app = InspectorApp(str(forked))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("t", "v")  # main listed: validate still checks every timeline
+            await settle(pilot)
+            assert app.timeline == "main" and app.validated
+            bad = [f for f in app.findings if f.severity == "error"]
+            assert [(f.timeline, f.step, f.tensor) for f in bad] == [("main-60", 80, "model/w")], app.findings
+            table = app.query_one("#validate-table")
+            assert str(table.get_row_at(0)[1]) == "main-60@step_80"
+            await pilot.press("enter")  # main-60 is not listed: a notice, the choice stays
+            await settle(pilot)
+            assert app.mode == "validate" and app.step == 80 and app.timeline == "main"
+            await pilot.press("t", "v")
+            await settle(pilot)
+            await pilot.press("enter")
+            await settle(pilot)
+            assert (app.timeline, app.mode, app.step) == ("main-60", "details", 80)
+            assert app.leaf is not None and app.leaf.path == "model/w"
+
+    asyncio.run(run())
+
+
 def test_timelines_snapshot(snap_compare, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     store = open_store("ckpt", create=True)
