@@ -93,7 +93,7 @@ class TimelineTree:
 
         def label(b: Branch) -> str:
             where = f"  forked at {b.parent}@{b.fork_step}" if b.parent is not None else ""
-            here = "  [green]<- current[/]" if b.name == self.current else ""
+            here = "  [green]<- current[/]" if b.name == self.current and self.root.children else ""
             tags = [f"{', '.join(names)} -> {s}" for (tl, s), names in sorted(tagged.items()) if tl == b.name]
             tag_text = f"  [cyan]tags: {'; '.join(tags)}[/]" if tags else ""
             return f"[bold]{b.name}[/]  {b.span()}{where}{here}{tag_text}"
