@@ -15,7 +15,12 @@ exists, so its age restarts.
 
 GC deletes whole objects only. The bytes of a pack that no kept step reads go with the pack,
 once no kept manifest names it; the writer's pack-liveness rule (spec/FORMAT.md §13) keeps
-a pack from being named for a few of its chunks, which bounds them.
+a pack from being named for a few of its chunks, which bounds them at half a pack, and GC's
+repack (:mod:`.repack`, spec §14 phase 3b) copies the live chunks of the sparsest packs into new
+ones and replaces the manifests naming them, down to a tenth of the object bytes once no writer
+runs (grace 0). A repacked pack has a retirement record; phase 4 deletes it only once no manifest
+names it, the grace has passed since its retirement and no manifest a writer may hold as its
+delta base was rewritten away from it (:func:`.repack.may_delete_retired`).
 
 Requests (an object store bills and delays each): one recursive listing of ``steps/``
 gives every step's files, ranks and age at once; completeness is read only for the
@@ -23,8 +28,9 @@ steps the policy has to look at (from the newest down; a step below the newest c
 one that no policy could keep is deleted unread); the doomed steps' files go in one
 ``delete`` call; ``steps/`` is listed a second time only when something was deleted
 (phase 3 of the spec; when nothing was, the first listing, taken after ``t0``, is that
-listing); then one listing of ``objects/``. With ``keep_last`` over S3 that is 3 LIST
-requests per call, where listing each step's folder cost ~3 per step.
+listing); then one listing of ``objects/``, and one of ``repack/`` when some object is
+unreferenced. With ``keep_last`` over S3 that is 3 LIST requests per call for the steps and
+objects, where listing each step's folder cost ~3 per step (the timelines and tags add theirs).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from .errors import RavexError
 from .names import object_key
 from .refs import REFS_NAME
 from .repack import (
+    RETIRED_PREFIX,
     PresentManifest,
     RepackReport,
     may_delete_retired,
@@ -210,10 +217,12 @@ def gc(
         report.repack, retired, new_packs = repack(store.storage, present, sizes, protect_bases=grace_seconds > 0,
                                                    dry_run=dry_run, now=now)
         referenced = (referenced - retired) | new_packs
-    records, unreadable = read_retirements(store.storage)
     refreshed: set[tuple[str, int]] = set()
-
+    dropped_records = 0
     cutoff = now - grace_seconds
+    # Retirement records are listed only when some object is unreferenced (one LIST request more).
+    unreferenced = any(o.key.rsplit("/", 1)[-1] not in referenced for o in listed)
+    records, unreadable = read_retirements(store.storage) if unreferenced else ({}, set())
     for obj in listed:
         name = obj.key.rsplit("/", 1)[-1]
         if name in referenced and obj.key == object_key(name):
@@ -239,6 +248,7 @@ def gc(
                     report.deleted_bytes += obj.size
                     store.storage.delete([retirement_key(name)])
                     del records[name]
+                    dropped_records += 1
                 else:
                     report.retired_waiting += 1
         elif obj.mtime >= cutoff:
@@ -249,10 +259,12 @@ def gc(
         else:
             report.young_unreferenced += 1
     if not dry_run:
-        # records of packs that are gone (deleted after their record, by a GC that then stopped)
+        # records of packs that are gone (a GC stopped between deleting a pack and its record)
         gone = [retirement_key(n) for n in records if n not in sizes and n not in referenced]
         if gone:
             store.storage.delete(gone)
+        if gone or dropped_records:
+            store.storage.remove_empty_dir(RETIRED_PREFIX)
     return report
 
 

@@ -98,7 +98,7 @@ def test_a_long_run_written_without_the_liveness_rule_ends_at_most_a_tenth_dead(
     assert plain_dead > DEAD_BOUND * plain_total  # the problem is there ...
     assert dead <= DEAD_BOUND * total  # ... and GC bounds it
     assert report.repack is not None and report.repack.packs >= 1 and report.repack.manifests_rewritten == 3
-    assert not (root / RETIRED_PREFIX).exists() or not os.listdir(root / RETIRED_PREFIX)  # records went with the packs
+    assert not (root / RETIRED_PREFIX).exists()  # the records went with the packs
     assert_every_step_reads(root, liveness_state)
     # a rerun of the writer continues from a replaced manifest: unchanged state writes nothing
     store = open_store(root)
@@ -242,7 +242,7 @@ def test_a_writer_and_a_reader_racing_a_repacking_gc_never_meet_a_deleted_pack(
     assert report.retired_waiting == 0
     for name in retired:
         assert not (root / "objects" / name[:2] / name).exists()
-    assert not list((root / RETIRED_PREFIX).iterdir())
+    assert not (root / RETIRED_PREFIX).exists()
     writer.commit(16, _slow_state(16))
     writer.close()
     assert_every_step_reads(root, _slow_state)
