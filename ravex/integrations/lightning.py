@@ -38,12 +38,14 @@ standalone ``pytorch_lightning`` has CheckpointIO classes of its own).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
 from ravex.format.storage.atomic import atomic_write, unlink_quietly
@@ -51,8 +53,11 @@ from ravex.format.storage.atomic import atomic_write, unlink_quietly
 EXTRA = "ravex[lightning]"
 POINTER_FORMAT = 1
 
+Replace = Callable[[Any, str, Callable[[Any], Any]], None]
+
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch.callbacks import Callback
 except ImportError as exc:
     raise ImportError(f"ravex.integrations.lightning needs PyTorch Lightning: pip install '{EXTRA}'") from exc
 
@@ -268,3 +273,132 @@ def _local(path: Any) -> str:
 
 def _absolute(url: str) -> str:
     return url if "://" in url else os.path.abspath(url)
+
+
+# ---- zero-code, under ``ravex enable`` ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroCode:
+    """What ``ravex.yaml`` asks of a Lightning run that names no Ravex in its code."""
+
+    url: str  #: the store (``storage``)
+    pointers: str  #: a local folder for the pointer files Lightning loads from
+    every: int | None  #: ``checkpoint_every``: a checkpoint each time the global step is a multiple
+    keep_last: int | None  #: the newest steps this run's saves keep (older ones lose their manifest)
+    resume: str | int = "auto"  #: ``auto`` (the newest step the plugin wrote), ``never``, or a step
+    on_exit: bool = True  #: ``checkpoint_on_exit``: one more at the end of ``fit``
+    compression: str = "none"
+    storage_options: dict[str, Any] | None = None
+
+
+class LightningRuntime(Protocol):
+    """What the zero-code integration asks of the runtime (:class:`ravex.runtime.lifecycle.RavexRuntime`)."""
+
+    def hand_over(self, why: str) -> None: ...
+
+
+def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace) -> None:
+    """Every ``lightning.Trainer`` created from now on checkpoints into the Ravex store and resumes
+    from it (``replace`` records the undo).
+
+    A Trainer with the default ``TorchCheckpointIO`` gets a :class:`RavexCheckpointIO` on the
+    configured store, a callback saving every ``checkpoint_every`` global steps (and at the end of
+    ``fit``), and, when the store holds a step the plugin wrote, that step as its ``ckpt_path``:
+    Lightning's own restore puts back everything, loops included. A Trainer with a CheckpointIO of
+    the script's own keeps it. Either way the runtime's own checkpoints and restores stand down
+    (:meth:`LightningRuntime.hand_over`): Lightning's checkpoint is the whole state, and two
+    restores would fight."""
+    from lightning.pytorch.trainer import trainer as trainer_module
+
+    def make(original: Any) -> Any:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            _take_over(runtime, settings, self)
+
+        return __init__
+
+    replace(trainer_module.Trainer, "__init__", make)
+
+
+def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any) -> None:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    current = trainer.strategy.checkpoint_io
+    if type(current) is not TorchCheckpointIO:
+        runtime.hand_over(f"a Lightning Trainer with its own {type(current).__name__} saves and resumes this run")
+        return
+    io = RavexCheckpointIO(settings.url, compression=settings.compression, storage_options=settings.storage_options)
+    trainer.strategy.checkpoint_io = io
+    trainer.callbacks.append(_EveryN(settings))
+    resume = _resume_step(io, settings)
+    where = f"; resuming from step {resume}" if resume is not None else ""
+    runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{where}")
+    if resume is not None and trainer.ckpt_path is None:
+        path = os.path.join(settings.pointers, "resume.ckpt")
+        if trainer.global_rank == 0:
+            write_pointer(path, settings.url, resume)
+        trainer.strategy.barrier("ravex_resume_pointer")
+        trainer.ckpt_path = path
+
+
+def _resume_step(io: RavexCheckpointIO, settings: ZeroCode) -> int | None:
+    """The step a rerun resumes from: the newest complete one the plugin wrote, or ``resume``'s."""
+    if settings.resume == "never":
+        return None
+    from ravex.format import StoreNotFoundError
+
+    try:
+        store = open_store(settings.url, storage_options=settings.storage_options)
+    except StoreNotFoundError:
+        return None
+    if not isinstance(settings.resume, str):
+        return int(settings.resume)
+    for step in sorted(store.complete_steps(), reverse=True):
+        if "lightning_path" in store.manifest(step, 0).metadata:
+            return step
+    return None
+
+
+class _EveryN(Callback):
+    """Saves every ``checkpoint_every`` global steps (and at the end of ``fit``) to a pointer file
+    per step in ``settings.pointers``, keeping the newest ``keep_last`` of them."""
+
+    def __init__(self, settings: ZeroCode) -> None:
+        self.settings = settings
+        self.last_step: int | None = None
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        step = trainer.global_step
+        every = self.settings.every
+        if every and step % every == 0 and step != self.last_step:
+            self._save(trainer)
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        if self.settings.on_exit and trainer.global_step != self.last_step:
+            self._save(trainer)
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, RavexCheckpointIO):
+            io.flush()  # every pointer on disk: the retention below sees them all
+            self._prune(trainer, None)
+
+    def _save(self, trainer: Any) -> None:
+        self.last_step = trainer.global_step
+        name = f"step={trainer.global_step}.ckpt"
+        trainer.save_checkpoint(os.path.join(self.settings.pointers, name))
+        self._prune(trainer, name)
+
+    def _prune(self, trainer: Any, saving: str | None) -> None:
+        """Remove all but the newest ``keep_last`` pointers of the folder (and their steps), over
+        this run's saves and those of the runs before it. ``saving``: the one just queued (a
+        queued write is not on disk yet; one queued before it stays until the next prune)."""
+        keep, folder = self.settings.keep_last, self.settings.pointers
+        if keep is None:
+            return
+        names = [*(os.listdir(folder) if os.path.isdir(folder) else []), *([saving] if saving else [])]
+        saved = {m.group(0): int(m.group(1)) for n in names if (m := _POINTER.fullmatch(n))}
+        for old in sorted(saved, key=saved.__getitem__)[:-keep]:
+            trainer.strategy.remove_checkpoint(os.path.join(folder, old))
+
+
+_POINTER = re.compile(r"step=(\d+)\.ckpt")

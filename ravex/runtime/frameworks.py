@@ -1,26 +1,37 @@
 """Frameworks with a training loop of their own get their integration when they are imported.
 
-Ravex's patches see torch objects; a framework's loop (HuggingFace ``Trainer``) also keeps a
-position of its own (global step, epoch) that a rerun must continue. The integration for
-each framework lives in :mod:`ravex.integrations` and is installed here, zero-code, the
-moment the framework's module finishes importing (or at once when it was imported before
-Ravex started). Nothing here imports a framework: an unused one costs one
-``sys.meta_path`` lookup per import.
+Ravex's patches see torch objects; a framework's loop also keeps a position of its own (global
+step, epoch) that a rerun must continue. The integration for each framework lives in
+:mod:`ravex.integrations` and is installed here, zero-code, the moment the framework's module
+finishes importing (or at once when it was imported before Ravex started). Nothing here imports
+a framework: an unused one costs one ``sys.meta_path`` lookup per import.
 
-The integration reaches the runtime only through what it is handed: the runtime itself
-(:class:`ravex.integrations.hf.TrainerRuntime` says which methods it calls) and the undoable
-``replace`` of :class:`.patches.Patches`, so ``deactivate()`` takes it out again.
+- HuggingFace ``Trainer`` (:mod:`ravex.integrations.hf`): Ravex saves and restores the torch
+  objects as for any script; the integration adds the Trainer's state and puts its loop there.
+- Lightning's ``Trainer`` (:mod:`ravex.integrations.lightning`): Lightning's own checkpoint is
+  the whole state, so its ``RavexCheckpointIO`` writes it at the configured cadence into a store
+  beside the configured one (:func:`lightning_store`) and Lightning's own restore resumes it;
+  the runtime's checkpoints and restores stand down (``hand_over``). Its pointer files go in
+  ``.ravex/`` (:func:`pointer_folder`).
+
+The integration reaches the runtime only through what it is handed: the runtime itself (a
+``Protocol`` in each integration says which methods it calls), what ``ravex.yaml`` asks of it,
+and the undoable ``replace`` of :class:`.patches.Patches`, so ``deactivate()`` takes it out again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
+from .config import RavexConfig
 from .patches import Patches
+from .runrecord import RECORD_DIR, store_key
 
 
 def _install_hf(runtime: Any, patches: Patches) -> None:
@@ -29,8 +40,44 @@ def _install_hf(runtime: Any, patches: Patches) -> None:
     hf.install(runtime, patches.replace)
 
 
+def _install_lightning(runtime: Any, patches: Patches) -> None:
+    from ravex.integrations import lightning
+
+    config: RavexConfig = runtime.config
+    settings = lightning.ZeroCode(
+        url=lightning_store(config), pointers=pointer_folder(config), every=config.checkpoint_every,
+        keep_last=config.keep_last, resume=config.resume, on_exit=config.checkpoint_on_exit,
+        compression=config.compression, storage_options=config.storage.storage_options())
+    lightning.install(runtime, settings, patches.replace)
+
+
+def lightning_store(config: RavexConfig) -> str:
+    """The store a zero-code Lightning run writes: ``<storage>-lightning``, beside the configured
+    one. Not the configured store itself: the runtime reads the newest step there as a step of
+    its own when it starts (before any Trainer exists), and Lightning's tree is not one. Nor a
+    folder inside it: a store's prefix holds only what the format puts there."""
+    return config.storage.url.rstrip("/") + "-lightning"
+
+
+def pointer_folder(config: RavexConfig) -> str:
+    """Where a zero-code Lightning run keeps the pointer files Lightning loads from: in ``.ravex/``
+    beside the ``ravex.yaml`` (or the working directory), one folder per store. Not in the store:
+    every byte there belongs to the format. ``.ravex/`` ignores itself in git."""
+    base = os.path.dirname(config.config_file) if config.config_file else os.getcwd()
+    digest = hashlib.sha256(store_key(config).encode("utf-8")).hexdigest()[:16]
+    records = os.path.join(base, RECORD_DIR)
+    if not os.path.isdir(records):
+        os.makedirs(records, exist_ok=True)
+        with open(os.path.join(records, ".gitignore"), "w") as fh:
+            fh.write("# Ravex's records and Lightning's pointer files: never versioned.\n*\n")
+    return os.path.join(records, f"lightning-{digest}")
+
+
 #: module whose import installs an integration -> how
-INSTALLERS: dict[str, Callable[[Any, Patches], None]] = {"transformers.trainer": _install_hf}
+INSTALLERS: dict[str, Callable[[Any, Patches], None]] = {
+    "transformers.trainer": _install_hf,
+    "lightning.pytorch.trainer.trainer": _install_lightning,
+}
 
 
 def watch(runtime: Any, patches: Patches) -> None:

@@ -191,6 +191,23 @@ class RavexRuntime(Cadence):
         st.epoch = epoch - 1  # the next __iter__ is the saved epoch, not one passed through empty
         return True
 
+    def hand_over(self, why: str) -> None:
+        """A framework checkpoints and resumes this run itself (Lightning, through Ravex's
+        CheckpointIO): this runtime stands down, restores nothing, takes no checkpoint and
+        leaves the signals as it found them; its patches stay, for the framework's hooks."""
+        if not self.enabled:
+            return
+        logger.info("ravex: %s; Ravex's own checkpoints stand down", why)
+        self.enabled = False
+        self._candidates = []
+        for handle in self._triggers:
+            handle.remove()
+        self._triggers.clear()
+        self._clear_forward_hook()
+        self._stop_position_tracing()
+        self._restore_signals()
+        self._stop_watch()
+
     def _load_resume(self) -> dict[str, Any] | None:
         tree = super()._load_resume()
         if tree is not None and not self._saved_integrations:

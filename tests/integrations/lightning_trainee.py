@@ -5,14 +5,16 @@ Prints ``START <global_step>`` once fit has restored what it resumes, ``STEP <gl
 after every training batch, ``<step>`` being the global step of the checkpoint ``last.ckpt`` names
 (its pointer is written once its Ravex step is durable; a test SIGKILLs once it is far enough), and at the end
 ``STATS <new chunks> <reused chunks>`` of every save this run wrote, and the final weights to
-``$T_OUT``. ``T_MODE``: ``async`` (default, the plugin's background writes), ``sync``, or
-``plain`` (no plugin, no checkpoints: the reference run).
+``$T_OUT``. ``T_MODE``: ``async`` (default, the plugin's background writes), ``sync``, ``plain``
+(no plugin, no checkpoints: the reference run) or ``zero`` (no Ravex in the code, Lightning's
+defaults: run under ``ravex enable``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -72,7 +74,11 @@ class Net(L.LightningModule):
 
 
 def _written() -> int | None:
-    """The global step of the checkpoint ``ckpts/last.ckpt`` names (the plugin writes it once durable)."""
+    """The global step of the newest durable checkpoint: the one ``ckpts/last.ckpt`` names, or
+    under ``ravex enable`` the newest ``step=N.ckpt`` in ``.ravex/`` (the plugin writes a pointer
+    once its step is durable)."""
+    if MODE == "zero":
+        return max((int(p.stem.split("=")[1]) for p in Path(".ravex").glob("lightning-*/step=*.ckpt")), default=None)
     try:
         with open(os.path.join("ckpts", "last.ckpt")) as f:
             return int(json.load(f)["global_step"])
@@ -84,10 +90,13 @@ def main() -> None:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(7)
     data = torch.utils.data.TensorDataset(torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g))
-    loader = ResumableLoader(data, BATCH)
-    options: dict[str, object] = {"enable_checkpointing": False}
+    if os.environ.get("T_LOADER") == "plain":  # what most scripts have: Lightning cannot resume it mid-epoch
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
+    else:
+        loader = ResumableLoader(data, BATCH)
+    options: dict[str, object] = {"enable_checkpointing": MODE == "zero"}
     io = None
-    if MODE != "plain":
+    if MODE in ("async", "sync"):
         from ravex.integrations.lightning import RavexCheckpointIO
 
         io = RavexCheckpointIO("./store", async_writes=MODE == "async")
@@ -97,6 +106,9 @@ def main() -> None:
                         enable_model_summary=False, **options)  # type: ignore[arg-type]
     model = Net()
     trainer.fit(model, loader, ckpt_path="last" if io is not None else None)
+    if MODE == "zero":
+        io = trainer.strategy.checkpoint_io  # RavexCheckpointIO under `ravex enable`
+        print(f"IO {type(io).__name__}", flush=True)
     if io is not None:
         new, reused = ([getattr(s, name) for s in io.stats] for name in ("new_chunks", "reused_chunks"))
         print(f"STATS {json.dumps(new, separators=(',', ':'))} {json.dumps(reused, separators=(',', ':'))}",

@@ -2,7 +2,8 @@
 (tiny model on CPU, three epochs, ``ModelCheckpoint(save_last=True)`` every 4 steps, resumed with
 ``ckpt_path="last"``) SIGKILLed at a random step and rerun unchanged ends bitwise equal to the
 same script run once without any checkpointing; every save after the first reuses the chunks of
-the frozen layer; the checkpoint files are Ravex pointers that load without pickle."""
+the frozen layer; the checkpoint files are Ravex pointers that load without pickle. And the same
+script with no Ravex in it and Lightning's defaults, under ``ravex enable``: the same."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 pytest.importorskip("lightning")
 
 from runtime import harness  # tests/runtime: the kill-and-rerun harness
+from runtime.conftest import make_venv
 
 from ravex.format import open_store
 
@@ -111,3 +113,37 @@ def test_a_value_typed_json_cannot_hold_is_refused_by_its_key(tmp_path):
     with pytest.raises(UnsupportedValueError, match="hyper_parameters"):
         io.save_checkpoint({"hyper_parameters": {"activation": torch.nn.ReLU()}}, tmp_path / "last.ckpt")
     assert not (tmp_path / "last.ckpt").exists()
+
+
+@pytest.fixture(scope="module")
+def enabled(tmp_path_factory) -> str:
+    return make_venv(tmp_path_factory.mktemp("lightning-venv"))
+
+
+def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted, enabled):
+    """No plugin, no ModelCheckpoint, no ckpt_path in the script: ``ravex.yaml``'s cadence."""
+    seed = random.randrange(10**6)
+    first = EVERY * random.Random(seed).randint(1, STEPS // EVERY - 2)
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 2\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", **ENV)
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
+    assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
+
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0, f"seed {seed}: " + rerun.explain()
+    assert "IO RavexCheckpointIO" in rerun.stdout, rerun.explain()
+    assert "Ravex's own checkpoints stand down" in rerun.stderr and "NOT restored" not in rerun.stderr
+    start = int(next(line for line in rerun.stdout if line.startswith("START ")).split()[1])
+    assert start >= first and start % EVERY == 0, f"seed {seed}, checkpoint {first}: " + rerun.explain()
+    steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
+    assert steps == list(range(start + 1, STEPS + 1)), f"seed {seed}: {steps}"
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["global_step"] == STEPS
+    harness.assert_same_state(final["model"], uninterrupted["model"], "model")
+
+    # The steps are Lightning's checkpoints in a store beside the configured one, keep_last honoured.
+    store = open_store(tmp_path / "ckpt-lightning")
+    newest = store.read(store.latest_step())
+    assert newest["global_step"] == STEPS and "loops" in newest
+    pointers = sorted((tmp_path / ".ravex").glob("lightning-*/step=*.ckpt"))
+    assert [p.name for p in pointers] == [f"step={STEPS - EVERY}.ckpt", f"step={STEPS}.ckpt"]
