@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ravex.format.gc import DEFAULT_GRACE_SECONDS
+from ravex.format.gc import DEFAULT_GRACE_SECONDS, GCReport
 from ravex.tui.formatting import one_line
 
 from .common import (
@@ -84,10 +84,31 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{store.url}: kept {len(report.kept_steps)} steps, {verb} {len(report.deleted_steps)} steps "
         f"{_step_list(report.deleted_steps)}and {report.deleted_objects} objects "
         f"({human_bytes(report.deleted_bytes)}); "
-        f"{report.young_unreferenced} unreferenced objects are younger than the grace period",
+        f"{report.young_unreferenced} unreferenced objects are younger than the grace period"
+        f"{_repack_line(report, args.dry_run)}",
         soft_wrap=True,
     )
     return EXIT_OK
+
+
+def _repack_line(report: GCReport, dry_run: bool) -> str:
+    """What GC's repack did (spec §14, 3b): packs whose live chunks were copied, and the share of
+    the object bytes the kept steps do not read, before and after."""
+    from ravex.tui.formatting import human_bytes
+
+    r = report.repack
+    if r is None or not r.total_bytes:
+        return ""
+    share = f"{r.dead_bytes_after / r.total_bytes:.0%} of object bytes read by no kept step"
+    if not r.packs:
+        line = f"; {share}"
+    else:
+        verb = "would repack" if dry_run else "repacked"
+        line = (f"; {verb} {r.packs} packs ({human_bytes(r.copied_bytes)} copied, {r.manifests_rewritten} "
+                f"manifests rewritten): {share} (was {r.dead_bytes_before / r.total_bytes:.0%})")
+    if report.retired_waiting:
+        line += f"; {report.retired_waiting} repacked packs wait for the grace period"
+    return line
 
 
 def _step_list(steps: list[int | str]) -> str:
