@@ -252,13 +252,18 @@ def plan(
     candidates.sort(reverse=True)
     dead, total = report.dead_bytes_before, report.total_bytes
     chosen = []
+    rewritten: set[int] = set()
     for _, name, pack_dead in candidates:
         if dead <= bound * total:
             break
         chosen.append(name)
         dead -= pack_dead
         total -= pack_dead
+        report.copied_bytes += sizes[name] - pack_dead
+        rewritten.update(id(pm) for users in cover[name].values() for pm, _, _ in users)
     report.dead_bytes_after = dead
+    report.packs = len(chosen)
+    report.manifests_rewritten = len(rewritten)
     return chosen, report
 
 
@@ -274,8 +279,9 @@ def repack(
     and the new packs (now named by the rewritten manifests)."""
     chosen, report = plan(present, sizes, protect_bases)
     if dry_run or not chosen:
-        report.packs = len(chosen)
         return report, set(), set()
+    report.copied_bytes = report.manifests_rewritten = 0  # what was planned; now what is done
+    planned = list(chosen)
     cover = _coverage(present)
     # 1. read and check every live chunk, then write the new packs
     copies: dict[str, list[tuple[int, int, bytes]]] = {}
@@ -345,6 +351,8 @@ def repack(
         if pm.has_refs:
             refresh_refs(pm.view, pm.step)
     report.packs = len(chosen)
+    for name in set(planned) - (chosen_set - failed):  # left as they were: their dead bytes stay
+        report.dead_bytes_after += sizes[name] - _live_bytes(cover[name])
     return report, chosen_set - failed, new_packs
 
 
