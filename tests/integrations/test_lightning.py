@@ -46,11 +46,12 @@ def _written_at_least(step: int) -> str:
     return rf"STEP \d+ W(?:{'|'.join(str(s) for s in range(step, STEPS + 1, EVERY))})$"
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
-def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted, mode):
+def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted):
+    """With the plugin's background writes (the synchronous ones are the same code, run inline:
+    the test below writes that way)."""
     seed = random.randrange(10**6)
     first = EVERY * random.Random(seed).randint(1, STEPS // EVERY - 2)  # a checkpoint in any of the 3 epochs
-    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE=mode, **ENV)
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="async", **ENV)
     killed = harness.run([sys.executable, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
     assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
     pointer = json.loads((tmp_path / "ckpts" / "last.ckpt").read_text())
