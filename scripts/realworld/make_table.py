@@ -10,8 +10,9 @@ from scripts import SCRIPTS
 
 res = json.load(open(sys.argv[1]))
 checkout = sys.argv[2]
-sha = subprocess.run(["git", "-C", checkout, "log", "-1", "--format=%h %s"], capture_output=True,
-                     text=True).stdout.strip()
+# run_all.sh records the checkout as the run started; HEAD now may be a later commit
+sha = os.environ.get("RS_CHECKOUT_DESC") or subprocess.run(
+    ["git", "-C", checkout, "log", "-1", "--format=%h %s"], capture_output=True, text=True).stdout.strip()
 
 
 def fmt_max(x):

@@ -51,6 +51,12 @@ fi
 "$VENV/bin/ravex" enable >/dev/null  # the autoloader, in this venv only
 "$VENV/bin/python" -c "import ravex, sys; assert ravex.__file__.startswith(sys.argv[1]), ravex.__file__" "$CHECKOUT"
 SHA=$(git -C "$CHECKOUT" rev-parse --short HEAD)
+# what is measured: HEAD now (the table is written later, when HEAD may have moved) and whether the
+# tree under test differs from it (a live working copy is measured as it is, not as HEAD)
+RS_CHECKOUT_DESC=$(git -C "$CHECKOUT" log -1 --format='%h %s')
+DIRTY=$(git -C "$CHECKOUT" status --porcelain -- ravex | wc -l)
+[ "$DIRTY" -eq 0 ] || RS_CHECKOUT_DESC="$RS_CHECKOUT_DESC; plus uncommitted changes to $DIRTY files under ravex/ when the run started"
+export RS_CHECKOUT_DESC
 OUT="$RESULTS/$SHA"
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
