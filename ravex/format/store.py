@@ -130,13 +130,16 @@ class CheckpointStore(StoreCatalog):
     def current(self) -> CheckpointStore:
         """The timeline a plain rerun continues: the one whose newest event, its newest
         complete step or its creation, is the newest by the storage's clock (main when the
-        store has no other timeline). Nothing shared is written to know it."""
+        store has no other timeline; of two at the same time, the one created last). Nothing
+        shared is written to know it."""
         timelines = self.timelines()
         if len(timelines) == 1:
             return self.on_timeline(MAIN, timelines)
         created = {o.key: o.mtime for o in self.storage.walk(TIMELINES) if o.key.count("/") == 1}
         best, best_time = MAIN, float("-inf")
-        for name in timelines:
+        # oldest document first, so that a tie (a storage clock coarser than two events: a fork in
+        # the same tick as its parent's last step, S3's whole seconds) goes to the newer timeline
+        for name in sorted(timelines, key=lambda n: (n != MAIN, timelines[n].created_at or "")):
             view = self.on_timeline(name, timelines)
             when = created.get(timeline_key(name), float("-inf"))
             listing = view.list_steps()
@@ -144,7 +147,7 @@ class CheckpointStore(StoreCatalog):
                 if view.step_info(number, listing[number].ranks).complete:
                     when = max(when, listing[number].mtime or when)
                     break
-            if when > best_time:
+            if when >= best_time:
                 best, best_time = name, when
         return self.on_timeline(best, timelines)
 

@@ -67,6 +67,27 @@ def test_a_rerun_continues_the_timeline_with_the_newest_event(store):
     assert [(v.timeline.name, s) for v, s in nested.lineage_steps()] == [("main", 1), ("main-1", 2)]
 
 
+def test_a_tie_of_modification_times_goes_to_the_timeline_created_last(store):
+    """A storage clock coarser than two events (a fork in the same tick as its parent's last
+    step; S3 keeps whole seconds) must not hand a plain rerun the old timeline."""
+    import os
+
+    with store.writer() as w:
+        for s in (1, 2, 3):
+            w.commit(s, state(s))
+    root = Path(store.url)
+    first, second = store.fork(1), store.fork(2)
+    tick = 1_700_000_000
+    for path in [*root.glob("steps/*/*"), *root.glob("timelines/*.json")]:
+        os.utime(path, (tick, tick))
+    assert store.current().timeline.name == second.timeline.name  # created last
+    with first.writer() as w:
+        w.commit(4, state(4, branch=1))
+    for path in root.glob("timelines/main-1/steps/4/*"):
+        os.utime(path, (tick + 1, tick + 1))
+    assert store.current().timeline.name == first.timeline.name  # a newer event wins outright
+
+
 def test_two_runs_forking_one_name_one_wins_the_other_errors_nothing_lost(store):
     with store.writer() as w:
         w.commit(5, state(5))
