@@ -188,16 +188,63 @@ def may_delete_retired(
     return now - record.retired_at >= grace_seconds and not (rewritten & base_candidates)
 
 
-def _coverage(present: Iterable[PresentManifest]) -> dict[str, Users]:
-    """Per packed object, each byte range ``(offset, size)`` manifests name, with who names it
-    (manifest, array path, chunk key)."""
-    cover: dict[str, Users] = {}
+@dataclass
+class _Scan:
+    """One pass over the chunk entries of every manifest present (a table in small chunks has
+    hundreds of thousands per manifest, and GC runs after every checkpoint: one cheap pass)."""
+
+    ranges: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # per pack, ranges named
+    whole: set[str] = field(default_factory=set)  # objects named whole
+    #: packs a manifest names that GC must not rewrite now (incomplete step, a version it does not
+    #: know in full, or a base step while a writer may run)
+    blocked: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, present: Iterable[PresentManifest], protect_bases: bool) -> _Scan:
+        scan = cls()
+        ranges, whole, blocked = scan.ranges, scan.whole, scan.blocked
+        for pm in present:
+            stuck = (not pm.complete or pm.manifest.version not in REWRITABLE_VERSIONS
+                     or (protect_bases and pm.base_candidate))
+            for entry in pm.manifest.arrays.values():
+                for ref in entry.chunks.values():
+                    name = ref.object
+                    if name is None:
+                        continue
+                    if ref.offset is None:
+                        whole.add(name)
+                        continue
+                    named = ranges.get(name)
+                    if named is None:
+                        ranges[name] = named = set()
+                    named.add((ref.offset, ref.size))
+                    if stuck:
+                        blocked.add(name)
+        return scan
+
+    def dead(self, name: str, size: int) -> int:
+        return 0 if name in self.whole else max(0, size - _live_bytes(self.ranges.get(name, ())))
+
+    def totals(self, sizes: dict[str, int]) -> tuple[int, int]:
+        """(bytes no manifest reads, all bytes) of the named objects that ``sizes`` lists."""
+        dead = total = 0
+        for name in self.whole | self.ranges.keys():
+            if name in sizes:
+                total += sizes[name]
+                dead += self.dead(name, sizes[name])
+        return dead, total
+
+
+def _users(present: Iterable[PresentManifest], packs: set[str]) -> dict[str, Users]:
+    """Per pack of ``packs``, each byte range manifests name, with who names it (manifest, array
+    path, chunk key)."""
+    users: dict[str, Users] = {}
     for pm in present:
         for path, entry in pm.manifest.arrays.items():
             for key, ref in entry.chunks.items():
-                if ref.object is not None and ref.offset is not None:
-                    cover.setdefault(ref.object, {}).setdefault((ref.offset, ref.size), []).append((pm, path, key))
-    return cover
+                if ref.object in packs and ref.offset is not None:
+                    users.setdefault(ref.object, {}).setdefault((ref.offset, ref.size), []).append((pm, path, key))
+    return users
 
 
 def _live_bytes(ranges: Iterable[tuple[int, int]]) -> int:
@@ -210,18 +257,7 @@ def _live_bytes(ranges: Iterable[tuple[int, int]]) -> int:
 
 def dead_bytes(present: Iterable[PresentManifest], sizes: dict[str, int]) -> tuple[int, int]:
     """(bytes no manifest reads, all bytes) of the objects of ``sizes`` that ``present`` names."""
-    present = list(present)
-    named = {ref.object for pm in present for e in pm.manifest.arrays.values() for ref in e.chunks.values()
-             if ref.object is not None}
-    cover = _coverage(present)
-    total = dead = 0
-    for name in named:
-        if name not in sizes:
-            continue
-        total += sizes[name]
-        if name in cover:
-            dead += max(0, sizes[name] - _live_bytes(cover[name]))
-    return dead, total
+    return _Scan.of(present, protect_bases=False).totals(sizes)
 
 
 def plan(
@@ -233,26 +269,21 @@ def plan(
     a writer may hold as its delta base, and the pack is at least :data:`WHILE_WRITING_MIN_DEAD`
     dead."""
     report = RepackReport()
-    report.dead_bytes_before, report.total_bytes = dead_bytes(present, sizes)
-    cover = _coverage(present)
-    whole = {ref.object for pm in present for e in pm.manifest.arrays.values() for ref in e.chunks.values()
-             if ref.object is not None and ref.offset is None}
-    candidates: list[tuple[float, str, int]] = []
-    for name, ranges in cover.items():
-        if name not in sizes or name in whole:
-            continue
-        holders = {id(pm): pm for users in ranges.values() for pm, _, _ in users}.values()
-        if not all(pm.complete and pm.manifest.version in REWRITABLE_VERSIONS for pm in holders):
-            continue
-        if protect_bases and any(pm.base_candidate for pm in holders):
-            continue
-        dead = sizes[name] - _live_bytes(ranges)
-        if dead > 0 and (not protect_bases or dead >= WHILE_WRITING_MIN_DEAD * sizes[name]):
-            candidates.append((dead / sizes[name], name, dead))
-    candidates.sort(reverse=True)
+    scan = _Scan.of(present, protect_bases)
+    report.dead_bytes_before, report.total_bytes = scan.totals(sizes)
     dead, total = report.dead_bytes_before, report.total_bytes
+    if dead <= bound * total:
+        report.dead_bytes_after = dead
+        return [], report
+    candidates: list[tuple[float, str, int]] = []
+    for name in scan.ranges.keys() - scan.blocked - scan.whole:
+        if name not in sizes:
+            continue
+        pack_dead = scan.dead(name, sizes[name])
+        if pack_dead > 0 and (not protect_bases or pack_dead >= WHILE_WRITING_MIN_DEAD * sizes[name]):
+            candidates.append((pack_dead / sizes[name], name, pack_dead))
+    candidates.sort(reverse=True)
     chosen = []
-    rewritten: set[int] = set()
     for _, name, pack_dead in candidates:
         if dead <= bound * total:
             break
@@ -260,10 +291,10 @@ def plan(
         dead -= pack_dead
         total -= pack_dead
         report.copied_bytes += sizes[name] - pack_dead
-        rewritten.update(id(pm) for users in cover[name].values() for pm, _, _ in users)
     report.dead_bytes_after = dead
     report.packs = len(chosen)
-    report.manifests_rewritten = len(rewritten)
+    users = _users(present, set(chosen))
+    report.manifests_rewritten = len({id(pm) for u in users.values() for us in u.values() for pm, _, _ in us})
     return chosen, report
 
 
@@ -282,7 +313,7 @@ def repack(
         return report, set(), set()
     report.copied_bytes = report.manifests_rewritten = 0  # what was planned; now what is done
     planned = list(chosen)
-    cover = _coverage(present)
+    cover = _users(present, set(chosen))
     # 1. read and check every live chunk, then write the new packs
     copies: dict[str, list[tuple[int, int, bytes]]] = {}
     for name in chosen:
