@@ -195,6 +195,7 @@ class InspectorApp(App[None]):
         pane = self.query_one(StepsPane)
         pane.border_title = "steps" if len(info.timelines) == 1 else f"steps of {name}"
         if moved:
+            self._generation += 1  # a diff or validation in flight answers a question nobody asks now
             self.step, self.leaf, self.base_step, self.diff_pair = None, None, None, None
             self._owners = {}
             self.leaves, self._made_nodes = [], {}
@@ -290,6 +291,7 @@ class InspectorApp(App[None]):
             with self._step_lock:  # one step read at a time: arrowing past ten steps reads two, not ten
                 if step != self.step:
                     return  # the user moved on while another step was being read
+                listed = self._listed()  # before the read: a timeline listed since drops the result
                 reader = self.reader(step)
             with heap.parsing():  # ~10^5 small objects more, as acyclic as the manifests
                 leaves = step_leaves(reader)
@@ -297,15 +299,20 @@ class InspectorApp(App[None]):
         except Exception as exc:
             self.call_from_thread(self._step_failed, step, exc)
             return
-        self.call_from_thread(self._set_leaves, step, leaves, nodes)
+        self.call_from_thread(self._set_leaves, step, leaves, nodes, listed)
 
     def _step_failed(self, step: int, exc: Exception) -> None:
         if step == self.step:
             self.query_one(TensorTree).loading = False
             self.notify(f"step_{step}: {one_line(exc)}", severity="error")
 
-    def _set_leaves(self, step: int, leaves: list[Leaf], nodes: TreeNodes) -> None:
-        if step != self.step:
+    def _listed(self) -> str | None:
+        """The timeline listed now; a worker notes it before it reads, and its result is dropped
+        when another is listed by the time it lands (the same step number is another step there)."""
+        return None if self.store is None else self.store.timeline.name
+
+    def _set_leaves(self, step: int, leaves: list[Leaf], nodes: TreeNodes, listed: str | None) -> None:
+        if step != self.step or listed != self._listed():
             return  # stale: the user moved on
         self.query_one(TensorTree).loading = False
         self.leaves = leaves
@@ -342,6 +349,7 @@ class InspectorApp(App[None]):
 
     @work(thread=True, exclusive=True, group="details")
     def show_value(self, step: int, leaf: Leaf) -> None:
+        listed = self._listed()
         prev_step = self.query_one(StepsPane).previous_complete(step)
         prev_value, has_prev = None, False
         if prev_step is not None:
@@ -353,18 +361,19 @@ class InspectorApp(App[None]):
             except Exception:
                 pass
         text = render_value(leaf, step, prev_value, has_prev)
-        self.call_from_thread(self._show_details, step, leaf, text)
+        self.call_from_thread(self._show_details, step, leaf, text, listed)
 
     @work(thread=True, exclusive=True, group="details")
     def load_details(self, step: int, leaf: Leaf) -> None:
         assert leaf.path is not None
+        listed = self._listed()
         try:
             reader = self.reader(step)
             prev_step = self.query_one(StepsPane).previous_complete(step)
             previous = self.reader(prev_step) if prev_step is not None else None
             d = compute_details(reader, leaf.path, previous, stats=False)
             width = self._details_width()
-            self.call_from_thread(self._show_details, step, leaf, render_details(d, width))
+            self.call_from_thread(self._show_details, step, leaf, render_details(d, width), listed)
             worker = get_current_worker()
             if worker.is_cancelled:
                 return  # the user moved on before the statistics were read
@@ -374,17 +383,18 @@ class InspectorApp(App[None]):
                     raise _Cancelled
 
             d = compute_details(reader, leaf.path, previous, stats=True, progress=progress)
-            self.call_from_thread(self._show_details, step, leaf, render_details(d, width))
+            self.call_from_thread(self._show_details, step, leaf, render_details(d, width), listed)
         except _Cancelled:
             return
         except Exception as exc:
-            self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {one_line(exc)}", "red"))
+            self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {one_line(exc)}", "red"),
+                                  listed)
 
     def _details_width(self) -> int:
         return max(20, self.query_one(DetailsPane).size.width - 2)
 
-    def _show_details(self, step: int, leaf: Leaf, text: Text) -> None:
-        if step == self.step and leaf == self.leaf:
+    def _show_details(self, step: int, leaf: Leaf, text: Text, listed: str | None) -> None:
+        if step == self.step and leaf == self.leaf and listed == self._listed():
             self.query_one(DetailsPane).show(text)
 
     def select_tensor(self, name: str) -> bool:

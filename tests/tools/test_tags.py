@@ -145,6 +145,9 @@ def test_the_inspector_lists_the_current_timelines_history_and_t_moves_on(forked
             assert app.step == 80 and app.leaf is None  # the choice made on main-60 did not carry over
             assert str(app.query_one("#details-body").render()).startswith("step_80")
             assert app.reader(70).read_array("model/w")[0] == 700  # main's 70, not main-60's
+            leaves = app.leaves
+            app._set_leaves(80, [], {}, "main-60")  # a read of main-60's step 80 that lands late
+            assert app.leaves is leaves and app.leaves
             await pilot.press("t")
             await settle(pilot)
             assert app.timeline == "main-60"
