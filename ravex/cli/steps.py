@@ -127,6 +127,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         tensors = sorted(reader.arrays)
         values = step_values(reader)
         record, record_problem = _run_record(reader)
+        tags = _tags_of(reader)
         if args.json:
             loss = step_loss(reader.metadata)
             print_json({
@@ -136,11 +137,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                 "loss": loss if loss is None or math.isfinite(loss) else repr(loss),
                 "run": reader.manifests[0].run,
                 "run_record": record.to_json() if record is not None else None,
+                "tags": tags,
                 "tensors": [_tensor_json(reader, p) for p in tensors],
                 "values": values,
             })
             return EXIT_OK
-        _print_run(reader, record, record_problem)
+        _print_run(reader, record, record_problem, tags)
         _print_tree(reader, tensors, values)
         return EXIT_OK
     all_values = step_values(reader)
@@ -178,14 +180,21 @@ def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
     return record, None if record is not None else "no run record (a store written before 1.1)"
 
 
-def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None) -> None:
-    """The step's loss and what the run that wrote it was: a few lines above the tree."""
+def _tags_of(reader: StepReader) -> list[str]:
+    """The names of the tags on the step ``reader`` reads (spec §19)."""
+    return sorted(t.name for t in reader.store.tags().values()
+                  if (t.timeline, t.step) == (reader.store.timeline.name, reader.step))
+
+
+def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None, tags: list[str]) -> None:
+    """The step's loss, its tags and what the run that wrote it was: a few lines above the tree."""
     from ravex.format.summary import step_loss
     from ravex.tui.formatting import number, run_lines
 
     out = console()
     out.print(f"[bold]{step_name(reader)}[/]  loss [cyan]{number(step_loss(reader.metadata), 8)}[/]  "
-              f"run {reader.manifests[0].run}", soft_wrap=True)
+              f"run {reader.manifests[0].run}" + (f"  [cyan]tags: {', '.join(tags)}[/]" if tags else ""),
+              soft_wrap=True)
     if record is None:
         out.print(f"  [dim]{problem}[/]", soft_wrap=True)
         return

@@ -56,7 +56,10 @@ def test_ls_shows_the_tree_and_steps_take_a_timeline(cli, forked):
     shown = cli("show", "70", "--json", env=env).json()
     assert (shown["timeline"], shown["values"]["step"]) == ("main-60", 70)
     assert "main-60@step_70" in cli("show", "70", env=env).out
-    assert cli("show", "main@70", "--json", env=env).json()["timeline"] == "main"
+    old = cli("show", "main@70", "--json", env=env).json()
+    assert (old["timeline"], old["tags"]) == ("main", ["spike-free"])
+    assert "tags: spike-free" in cli("show", "main@70", env=env).out
+    assert shown["tags"] == []
     assert cli("show", "main-60@60", "--json", env=env).json()["timeline"] == "main"  # its lineage: main's 60
     d = cli("diff", "main@70", "70", "--json", env=env)
     assert d.rc == 0 and d.json()["tensors"], d
