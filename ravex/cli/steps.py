@@ -182,7 +182,9 @@ def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
 
 def _tags_of(reader: StepReader) -> list[str]:
     """The names of the tags on the step ``reader`` reads (spec §19)."""
-    return sorted(t.name for t in reader.store.tags().values()
+    from ravex.format.tags import read_tags
+
+    return sorted(t.name for t in read_tags(reader.store.storage).values()
                   if (t.timeline, t.step) == (reader.store.timeline.name, reader.step))
 
 
