@@ -126,8 +126,9 @@ def timeline_tree(store: CheckpointStore, main_rows: list[StepSummary]) -> Timel
 
 
 def cmd_tag(args: argparse.Namespace) -> int:
-    """Name a step so that retention and gc never collect it (`ravex tag NAME STEP`); list tags;
-    `--delete NAME` removes one."""
+    """Name a step so that retention and gc never collect it (NAME STEP); no NAME: list the tags.
+
+    ``--delete NAME`` removes a tag. A bare step is one of the current timeline."""
     from ravex.format import RavexError
 
     store_url: str | None = args.store
