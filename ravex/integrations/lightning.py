@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -58,6 +60,7 @@ Replace = Callable[[Any, str, Callable[[Any], Any]], None]
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader
 except ImportError as exc:
     raise ImportError(f"ravex.integrations.lightning needs PyTorch Lightning: pip install '{EXTRA}'") from exc
 
@@ -319,6 +322,7 @@ def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace) -> 
         return __init__
 
     replace(trainer_module.Trainer, "__init__", make)
+    replace(DataLoader, "__iter__", _loader_iter)
 
 
 def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any) -> None:
@@ -362,11 +366,62 @@ def _resume_step(io: RavexCheckpointIO, settings: ZeroCode) -> int | None:
 
 class _EveryN(Callback):
     """Saves every ``checkpoint_every`` global steps (and at the end of ``fit``) to a pointer file
-    per step in ``settings.pointers``, keeping the newest ``keep_last`` of them."""
+    per step in ``settings.pointers``, keeping the newest ``keep_last`` of them.
+
+    What Lightning's checkpoint lacks for an exact resume travels in this callback's state (so
+    in every checkpoint of the Trainer, ``ModelCheckpoint``'s too): the RNG streams (torch,
+    CUDA, Python, NumPy) when the checkpoint was taken, the torch RNG when the train loader's
+    epoch began, and the batches the loop had consumed of it. On resume the train loader's next
+    ``__iter__`` replays that epoch's start and skips those batches at the sampler (Lightning
+    itself would start a loader without ``state_dict`` on a new epoch's order), then the RNG
+    streams are put back as they were at the checkpoint."""
 
     def __init__(self, settings: ZeroCode) -> None:
         self.settings = settings
         self.last_step: int | None = None
+        self.trainer: Any = None
+        self.epoch_rng: Any = None  # torch's RNG when the train loader's current epoch began
+        self.pending: dict[str, Any] | None = None  # the resumed position, until the loader's next epoch
+        _RESUMABLE.add(self)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self.trainer
+        if trainer is None:
+            return {}
+        return {"rng": _rng_state(), "epoch_rng": self.epoch_rng,
+                "consumed": int(trainer.fit_loop.epoch_loop.batch_progress.current.ready),
+                "batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else -1}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = dict(state) if state.get("rng") is not None else None
+
+    def owns(self, loader: Any) -> bool:
+        """Whether ``loader`` is the train loader of this callback's Trainer."""
+        combined = getattr(getattr(self.trainer, "fit_loop", None), "_combined_loader", None)
+        return combined is not None and any(dl is loader for dl in combined.flattened)
+
+    def iterate(self, loader: Any, original: Any) -> Any:
+        """The train loader's ``__iter__``: the resumed epoch's when one is pending."""
+        import torch
+
+        pending, self.pending = self.pending, None
+        if pending is None:
+            self.epoch_rng = torch.get_rng_state()
+            return original(loader)
+        consumed, batches = int(pending["consumed"]), int(pending["batches"])
+        if 0 < consumed and (batches < 0 or consumed < batches) and not _stateful(loader):
+            self.epoch_rng = pending["epoch_rng"]
+            torch.set_rng_state(self.epoch_rng)
+            iterator = original(loader)
+            _skip(iterator, consumed)
+            _set_rng_state(pending["rng"])
+            return iterator
+        _set_rng_state(pending["rng"])  # a new epoch begins (or the loader places itself)
+        self.epoch_rng = torch.get_rng_state() if consumed == 0 or consumed >= batches >= 0 else pending["epoch_rng"]
+        return original(loader)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         step = trainer.global_step
@@ -402,3 +457,63 @@ class _EveryN(Callback):
 
 
 _POINTER = re.compile(r"step=(\d+)\.ckpt")
+
+
+#: the zero-code callbacks alive, each watching its Trainer's train loader
+_RESUMABLE: weakref.WeakSet[_EveryN] = weakref.WeakSet()
+
+
+def _loader_iter(original: Any) -> Any:
+    def __iter__(self: Any) -> Any:
+        for callback in list(_RESUMABLE):
+            if callback.owns(self):
+                return callback.iterate(self, original)
+        return original(self)
+
+    return __iter__
+
+
+def _stateful(loader: Any) -> bool:
+    """Whether Lightning places ``loader`` itself (its ``state_dict``/``load_state_dict`` protocol)."""
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+
+
+def _skip(iterator: Any, batches: int) -> None:
+    """Past the first ``batches`` of a fresh DataLoader iterator: at the sampler (no data read)
+    in the main process; with workers, whose indices are already queued, by reading them."""
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+    for _ in range(batches):
+        if isinstance(iterator, _SingleProcessDataLoaderIter):
+            next(iterator._sampler_iter)
+            iterator._num_yielded += 1
+        else:
+            next(iterator)
+
+
+def _rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": np.random.get_state(legacy=False)}
+    cuda: Any = torch.cuda
+    if cuda.is_available() and cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

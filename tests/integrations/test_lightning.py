@@ -28,17 +28,27 @@ STEPS, EVERY = 48, 4
 ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
+def _reference(cwd: Path, **extra: str) -> dict:
     """The script run once to the end, without Ravex and without checkpoints."""
-    cwd = tmp_path_factory.mktemp("lightning-reference")
-    env = harness.child_env(T_OUT=str(cwd / "final.pt"), T_MODE="plain", **ENV)
+    env = harness.child_env(T_OUT=str(cwd / "final.pt"), T_MODE="plain", **ENV, **extra)
     result = harness.run([sys.executable, str(TRAINEE)], cwd, env)
     assert result.returncode == 0, result.explain()
     assert "STATS" not in "".join(result.stdout) and not (cwd / "store").exists()
     final = torch.load(cwd / "final.pt", weights_only=True)
     assert final["global_step"] == STEPS
     return final
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """With the trainee's resumable loader (Lightning's ``state_dict`` protocol)."""
+    return _reference(tmp_path_factory.mktemp("lightning-reference"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_plain_loader(tmp_path_factory) -> dict:
+    """With a plain ``DataLoader(shuffle=True)``, drawing its order from torch's global RNG."""
+    return _reference(tmp_path_factory.mktemp("lightning-reference-plain"), T_LOADER="plain")
 
 
 def _written_at_least(step: int) -> str:
@@ -121,12 +131,13 @@ def enabled(tmp_path_factory) -> str:
     return make_venv(tmp_path_factory.mktemp("lightning-venv"))
 
 
-def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted, enabled):
-    """No plugin, no ModelCheckpoint, no ckpt_path in the script: ``ravex.yaml``'s cadence."""
+def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_plain_loader, enabled):
+    """No plugin, no ModelCheckpoint, no ckpt_path in the script, a plain shuffled DataLoader that
+    Lightning alone cannot resume mid-epoch: ``ravex.yaml``'s cadence, and the rerun exact."""
     seed = random.randrange(10**6)
-    first = EVERY * random.Random(seed).randint(1, STEPS // EVERY - 2)
+    first = EVERY * random.Random(seed).randint(1, STEPS // EVERY - 2)  # mid-epoch or at an epoch's end
     (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 2\n")
-    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", **ENV)
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", **ENV)
     killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
     assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
 
@@ -140,7 +151,7 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted, e
     assert steps == list(range(start + 1, STEPS + 1)), f"seed {seed}: {steps}"
     final = torch.load(tmp_path / "final.pt", weights_only=True)
     assert final["global_step"] == STEPS
-    harness.assert_same_state(final["model"], uninterrupted["model"], "model")
+    harness.assert_same_state(final["model"], uninterrupted_plain_loader["model"], "model")
 
     # The steps are Lightning's checkpoints in a store beside the configured one, keep_last honoured.
     store = open_store(tmp_path / "ckpt-lightning")
