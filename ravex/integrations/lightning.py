@@ -32,6 +32,13 @@ Lightning's own file logic keeps working: ``ckpt_path="last"`` finds the newest 
 ``ravex ls``, ``show``, ``diff`` and ``inspect`` read the store. Loading reads only the step the
 pointer names. Pointer files live on a local path; the store may be remote.
 
+**Zero-code.** Under ``ravex enable`` (:mod:`ravex.runtime.frameworks`) :func:`install` gives each
+Trainer with Lightning's default CheckpointIO this plugin on ``<storage>-lightning``, a callback
+that saves every ``checkpoint_every`` global steps, and the newest step as its ``ckpt_path``. The
+callback also makes the resume exact where Lightning's checkpoint alone is not: it carries the RNG
+streams and the train loader's place in its epoch, so a plain shuffled DataLoader resumes mid-epoch
+on the same order.
+
 Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (the ``lightning`` package; the
 standalone ``pytorch_lightning`` has CheckpointIO classes of its own).
 """
@@ -340,9 +347,7 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any) -> N
     runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{where}")
     if resume is not None and trainer.ckpt_path is None:
         path = os.path.join(settings.pointers, "resume.ckpt")
-        if trainer.global_rank == 0:
-            write_pointer(path, settings.url, resume)
-        trainer.strategy.barrier("ravex_resume_pointer")
+        write_pointer(path, settings.url, resume)  # every rank the same bytes, atomically: no wait
         trainer.ckpt_path = path
 
 
