@@ -6,6 +6,7 @@
     python -m benchmarks scenarios              # (b) frozen, (c) sparse, (d) ten checkpoints, (g) bf16
     python -m benchmarks format                 # full run: ~1 GiB state, 3 repetitions
     python -m benchmarks format --quick         # smoke test: tiny state, well under a minute
+    python -m benchmarks goodput                # (h) training time lost per checkpoint, busy loop
     python -m benchmarks report out.json --markdown   # re-print a saved run (--plot PNG: redraw)
 """
 
@@ -166,6 +167,57 @@ def show(res: dict[str, Any], plain: bool = False, markdown: bool = False) -> No
         report.show_tables(tabs, plain=plain)
 
 
+def _goodput_config(args: argparse.Namespace, scratch: str, log: Any) -> Any:
+    from . import goodput
+
+    cfg = goodput.quick() if args.quick else goodput.Config()
+    for opt in ("reps", "width", "batch", "checkpoints"):
+        if getattr(args, opt, None):
+            setattr(cfg, opt, getattr(args, opt))
+    if getattr(args, "modes", None):
+        cfg.modes = tuple(args.modes.split(","))
+    if args.contenders:
+        cfg.contenders = tuple(n.strip() for n in args.contenders.split(","))
+    if args.ab:
+        names = list(goodput.VARIANTS) if args.ab == "all" else [
+            "ravex, " + n.strip() for n in args.ab.split(",")]
+        unknown = [n for n in names + list(cfg.contenders) if n not in goodput.VARIANTS
+                   and n not in goodput.CONTENDERS]
+        if unknown:
+            raise SystemExit(f"goodput: unknown contender or variant {unknown}; contenders: "
+                             f"{', '.join(goodput.CONTENDERS)}; variants (--ab): "
+                             f"{', '.join(v[len('ravex, '):] for v in goodput.VARIANTS)} or all")
+        cfg.variants = tuple(names)
+    cfg.scratch, cfg.log = scratch, log
+    return cfg
+
+
+def _goodput(args: argparse.Namespace) -> int:
+    from . import budget, goodput
+
+    log = (lambda *a: None) if args.silent else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    res: dict[str, Any] = {
+        "suite": "goodput",
+        "command": "python -m benchmarks " + " ".join(args.argv),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git_rev(REPO),
+        "machine": machine_notes(args.dir),
+        "quick": bool(args.quick),
+    }
+    os.makedirs(args.dir, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="ravex-goodput-", dir=args.dir)
+    try:
+        res["h_goodput"] = goodput.run(_goodput_config(args, scratch, log))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    res["budget"] = budget.budget(res)
+    out = args.out or os.path.join(HERE, "out", f"goodput{'-quick' if args.quick else ''}.json")
+    _write_json(res, out)
+    show(res, plain=args.plain)
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     with open(args.json) as f:
         res = json.load(f)
@@ -209,6 +261,21 @@ def main(argv: list[str] | None = None) -> int:
         a.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")
         a.add_argument("--silent", action="store_true", help="no progress lines on stderr")
         a.set_defaults(func=_scenarios)
+    g = sub.add_parser("goodput", help="(h) training time lost per checkpoint while the loop keeps the cores busy")
+    g.add_argument("--quick", action="store_true", help="smoke test: tiny model, 6 iterations (seconds)")
+    g.add_argument("--reps", type=int, help="runs of every contender (median); default 1")
+    g.add_argument("--width", type=int, help="Linear layers' width; default 4096 (1.125 GiB of state)")
+    g.add_argument("--batch", type=int, help="rows per iteration; default 16")
+    g.add_argument("--modes", help="comma list: full,frozen (default both)")
+    g.add_argument("--checkpoints", type=int, help="checkpoint/quiet cycle pairs per process; default 6")
+    g.add_argument("--contenders", help="comma list (default: bare copy,ravex,dcp.async_save,torch.save)")
+    g.add_argument("--ab", help="also Ravex variants, comma list (normal priority,SCHED_IDLE,page cache,"
+                                "2 writer threads,8 writer threads) or all")
+    g.add_argument("--dir", default=tempfile.gettempdir(), help="scratch folder on the disk under test")
+    g.add_argument("--out", help="JSON path; default benchmarks/out/goodput[-quick].json")
+    g.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")
+    g.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+    g.set_defaults(func=_goodput)
     r = sub.add_parser("report", help="print the tables of a saved JSON run")
     r.add_argument("json")
     r.add_argument("--markdown", action="store_true")

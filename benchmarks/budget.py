@@ -36,6 +36,8 @@ GOALS: list[tuple[str, str, Any, str, float]] = [
      lambda r: r["f_patch_overhead"]["overhead_fraction"], "<", 0.01),
     ("(f) patches alone (empty loop) / training step", "< 1%",
      lambda r: r["f_patch_overhead"]["overhead_fraction_isolated"], "<", 0.01),
+    ("(h) training time lost per full checkpoint, busy loop: Ravex / DCP async_save", "<= 0.3x",
+     lambda r: r["h_goodput"]["modes"]["full"]["ratios"]["ravex_over_dcp_async"], "<=", 0.3),
 ]
 
 
@@ -111,6 +113,23 @@ def tables(res: dict[str, Any]) -> list[Table]:
             f"stalls {_f(first['ravex.checkpoint']['stall_s'])} s, first DCP async_save blocks "
             f"{_f(first['dcp.async_save']['blocking_s'])} s)",
             ["contender", "blocks s", "blocks / bare copy", "durable s", "durable GiB/s"], trs))
+    h = res.get("h_goodput")
+    if h:
+        c = h["config"]
+        for mode, m in h["modes"].items():
+            lost = m["lost_per_checkpoint_s"]
+            copy = lost.get("bare copy")
+            out.append((
+                f"(h) {mode} model, {m['state_bytes'] / (1 << 30):.3f} GiB state ({m['changed_bytes'] / (1 << 30):.3f} "
+                f"GiB changing): training time lost per checkpoint, busy loop ({c['every']} quiet iterations vs "
+                f"checkpoint + {c['every']} iterations + flush, median of {c['checkpoints']} pairs, median of "
+                f"{c['reps']} processes; load {h['loadavg_start'][0]:.1f} at start)",
+                ["contender", "iteration s", "blocks s", "lost s / checkpoint", "/ ravex", "/ bare copy",
+                 "CPU s / checkpoint"],
+                [[n, _f(m["iteration_s"][n]), _f(m["blocks_s"][n]), _f(v),
+                  _f(v / lost["ravex"], ".2f") + "x" if lost.get("ravex") else "-",
+                  _f(v / copy, ".2f") + "x" if copy and copy > 0 else "-",
+                  _f(m["cpu_per_checkpoint_s"][n])] for n, v in lost.items()]))
     e = res.get("e_load")
     if e:
         out.append((f"(e) load and resume, {e['bytes'] / (1 << 30):.2f} GiB, warm page cache",

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ravex.format.storage.direct import ALIGN
 from ravex.format.values import PLAIN_TYPES, all_plain
 
 from .copier import Copier, byte_view
@@ -292,14 +293,17 @@ def _staging_buffer(src: torch.Tensor) -> torch.Tensor:
     numpy asks the kernel for huge pages on large allocations (``madvise``, which is what
     these machines' transparent huge pages wait for) and torch does not: copies into such
     a buffer took 12.1 ms against 13.2 ms for 200 MiB (fewer TLB misses), and the writer
-    reads them back faster too.
+    reads them back faster too. It starts on a page (:data:`ALIGN`), so that a local store
+    writes its chunks straight from it to the disk (``ravex.format.storage.direct``).
     """
     if src.is_cuda and torch.cuda.is_available():
         return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
     nbytes = src.numel() * src.element_size()
     if nbytes == 0 or src.dtype.is_complex or src.dtype == torch.bool:
         return torch.empty(src.shape, dtype=src.dtype, device="cpu")
-    flat = torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
+    block = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    skip = -block.ctypes.data % ALIGN  # page-aligned: the writer can hand it to the disk as it is
+    flat = torch.from_numpy(block[skip:skip + nbytes])
     return flat.view(src.dtype).view(src.shape)
 
 

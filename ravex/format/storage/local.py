@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from . import atomic
+from . import atomic, direct
 from .base import BytesLike, ObjectInfo, PendingWrite, Storage
 from .faults import storage_error
 
@@ -29,6 +29,8 @@ class LocalStorage(Storage):
     SYNC_THREADS = 8
     #: Hand each pending temp file to the disk as soon as it is written (:func:`~.writeback.start_writeback`).
     START_WRITEBACK = True
+    #: Write large objects from aligned buffers past the page cache (:mod:`.direct`).
+    DIRECT = True
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
@@ -100,10 +102,23 @@ class LocalStorage(Storage):
     def write_pending(self, key: str, data: BytesLike) -> PendingWrite:
         path = self._folder_made(key)
         try:
-            tmp = atomic.write_temp(path, data, fsync=False, writeback=self.START_WRITEBACK)
+            tmp = self._write_direct(path, data) or atomic.write_temp(
+                path, data, fsync=False, writeback=self.START_WRITEBACK)
         except OSError as exc:
             raise storage_error(self.url, "write", key, exc) from exc
         return PendingWrite(key, tmp, path)
+
+    def _write_direct(self, path: str, data: BytesLike) -> str | None:
+        """``data`` in a temp file beside ``path`` written past the page cache, where
+        :data:`DIRECT` is on and :func:`~.direct.write_direct` can; else None."""
+        if not self.DIRECT:
+            return None
+        tmp = atomic.temp_path(path)
+        try:
+            return tmp if direct.write_direct(tmp, memoryview(data)) else None
+        except BaseException:
+            atomic.unlink_quietly(tmp)
+            raise
 
     def _folder_made(self, key: str) -> str:
         """The path of ``key``, its folder created if this storage has not made it yet."""

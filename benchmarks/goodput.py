@@ -1,0 +1,350 @@
+"""``python -m benchmarks goodput``: the training time a checkpoint costs a busy training run (scenario (h)).
+
+The stall (scenario (a)) is what the loop waits for; it is not what a checkpoint costs when
+the loop keeps every core busy: background hashing, copying and writeback compete with the
+training threads for cores and memory bandwidth. Issue 17 defines the cost as the wall time
+of a run that checkpoints every EVERY (3) iterations, plus its final flush, less the same
+iterations without checkpointing, per checkpoint. This scenario measures that quantity in
+pairs, so that another process's load (the machine is shared) lands on both sides of each
+difference: every contender's process alternates
+
+    a quiet cycle:       EVERY iterations
+    a checkpoint cycle:  checkpoint, EVERY iterations, wait until it is durable
+
+and a checkpoint's cost is its cycle less the quiet one before it: the stall, the iterations
+its background work slowed, and what of the write was left after them (what the next
+checkpoint of a steady run would wait for). Each figure is the median over CHECKPOINTS (6)
+pairs (the first checkpoint, which allocates buffers, and a burst of someone else's load land in
+the tails; the JSON has the mean too), then the median over ``--reps`` processes.
+
+State: ``LAYERS`` (6) ``Linear(4096)`` + AdamW (1.125 GiB), and a 90%-frozen model (10 layers,
+the first 9 frozen: a checkpoint's changed part is a tenth of the weights plus their moments).
+
+Contenders, each in its own process, one after the other: ``ravex`` (``ravex.activate()`` and
+``ravex.checkpoint()``), ``dcp.async_save`` (``FileSystemWriter(sync_files=True)``),
+``torch.save`` + fsync (blocking) and a bare copy of what changed into reused, faulted-in
+buffers. ``--ab`` adds Ravex with one of its background measures undone (the module settings
+in :data:`VARIANTS`). Beside the lost time, each cycle's process CPU (all threads) gives the
+CPU a checkpoint spent: what competes with training, and a figure other load blurs far less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save")
+#: Ravex with one measure undone or changed, set on the child's modules before ``activate()``:
+#: ``{name: {"module:attribute": value}}`` (``--ab NAME,...``; ``--ab all``).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ravex, normal priority": {"ravex.saving.priority:BACKGROUND": None},
+    "ravex, nice 19": {"ravex.saving.priority:BACKGROUND": "nice"},
+    "ravex, SCHED_IDLE": {"ravex.saving.priority:BACKGROUND": "idle"},
+    "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
+    "ravex, 2 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 2},
+    "ravex, 8 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 8},
+}
+MODES = ("full", "frozen")
+#: Ravex's figure over each peer's: (contender, ratio key)
+PEERS = (("dcp.async_save", "dcp_async"), ("torch.save", "torch_save"), ("bare copy", "bare_copy"))
+
+
+@dataclass
+class Config:
+    width: int = 4096
+    layers: int = 6  # full mode
+    frozen_layers: tuple[int, int] = (9, 10)  # frozen mode: (frozen, of layers)
+    batch: int = 16
+    checkpoints: int = 6
+    every: int = 3  # iterations per cycle
+    warmup: int = 2
+    reps: int = 1
+    modes: tuple[str, ...] = MODES
+    contenders: tuple[str, ...] = CONTENDERS
+    variants: tuple[str, ...] = ()
+    scratch: str = "/tmp"
+    log: Any = field(default=print, repr=False)
+
+
+def quick() -> Config:
+    """A tiny state, 2 checkpoints, the full model only: checks that every contender runs, in seconds."""
+    return Config(width=256, batch=8, checkpoints=2, every=2, warmup=1, modes=("full",))
+
+
+# ---- the child: one contender, one mode, one process ---------------------------------------------
+
+
+def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    if spec["mode"] == "full":
+        n, frozen = spec["layers"], 0
+    else:
+        frozen, n = spec["frozen_layers"]
+    model = torch.nn.Sequential(*[torch.nn.Linear(spec["width"], spec["width"]) for _ in range(n)])
+    for layer in list(model)[:frozen]:
+        layer.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    return model, opt
+
+
+def _state(model: Any, opt: Any) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+
+class _BareCopy:
+    """The floor: a copy of what changed into buffers allocated and faulted in beforehand."""
+
+    def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
+        import torch
+
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        moments = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim]
+        self.src = [t.detach() for t in trainable + moments]
+        self.dst = [torch.zeros_like(t) for t in self.src]
+
+    def checkpoint(self, step: int) -> None:
+        for s, d in zip(self.src, self.dst, strict=True):
+            d.copy_(s)
+
+    def finish(self) -> None:
+        pass
+
+
+class _TorchSave:
+    def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
+        from .contenders import torch_save
+
+        self.save, self.model, self.opt, self.dir = torch_save, model, opt, spec["dir"]
+        self.paths: list[str] = []
+
+    def checkpoint(self, step: int) -> None:
+        path = os.path.join(self.dir, f"step{step}.pt")
+        self.save(_state(self.model, self.opt), path)
+        self.paths.append(path)
+        while len(self.paths) > 2:  # disk: keep two, as Ravex's keep_last=2
+            os.unlink(self.paths.pop(0))
+
+    def finish(self) -> None:
+        pass
+
+
+class _DcpAsync:
+    def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.dcp, self.model, self.opt, self.dir = dcp, model, opt, spec["dir"]
+        self.fut: Any = None
+        self.paths: list[str] = []
+
+    def _wait(self) -> None:
+        if self.fut is not None:
+            getattr(self.fut, "upload_completion", self.fut).result()
+            self.fut = None
+
+    def checkpoint(self, step: int) -> None:
+        self._wait()
+        path = os.path.join(self.dir, f"step{step}")
+        self.fut = self.dcp.async_save(_state(self.model, self.opt),
+                                       storage_writer=self.dcp.FileSystemWriter(path, sync_files=True), no_dist=True)
+        self.paths.append(path)
+        while len(self.paths) > 3:  # the one in flight and two durable ones
+            shutil.rmtree(self.paths.pop(0), ignore_errors=True)
+
+    def finish(self) -> None:
+        self._wait()
+
+
+class _Ravex:
+    """``ravex.activate()`` on the live model and optimizer; each checkpoint is ``ravex.checkpoint()``
+    at the step boundary (what the cadence does at the next forward pass), ``finish`` is ``ravex.flush()``."""
+
+    def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
+        import importlib
+
+        import ravex
+
+        for target, value in spec.get("settings", {}).items():
+            module, attr = target.split(":")
+            owner: Any = importlib.import_module(module)
+            *outer, last = attr.split(".")
+            for name in outer:  # "Class.ATTRIBUTE"
+                owner = getattr(owner, name)
+            setattr(owner, last, value)
+        self.ravex = ravex
+        ravex.activate(storage=os.path.join(spec["dir"], "ravex"), checkpoint_every=None, keep_last=2,
+                       resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+
+    def checkpoint(self, step: int) -> None:
+        if not self.ravex.checkpoint():
+            raise RuntimeError(f"ravex.checkpoint() failed: {self.ravex.status()['last_error']}")
+
+    def finish(self) -> None:
+        self.ravex.flush()
+
+
+_KINDS = {"bare copy": _BareCopy, "torch.save": _TorchSave, "dcp.async_save": _DcpAsync, "ravex": _Ravex}
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm up, then ``checkpoints`` pairs of cycles of ``every`` iterations each: a quiet one,
+    then one that starts with a checkpoint and ends when it is durable. Each pair's
+    difference is what that checkpoint cost the loop: the stall, the iterations it slowed
+    and whatever of its write was still running after them (which the next checkpoint of a
+    steady run would wait for). Seconds and process CPU of every cycle."""
+    import torch
+
+    warnings.filterwarnings("ignore")
+    model, opt = _build(spec)
+    x = torch.randn(spec["batch"], spec["width"], generator=torch.Generator().manual_seed(1))
+
+    def iteration() -> None:
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+
+    def cycle() -> None:
+        for _ in range(spec["every"]):
+            iteration()
+
+    for _ in range(spec["warmup"]):
+        iteration()
+    kind = _KINDS["ravex" if spec["contender"].startswith("ravex") else spec["contender"]]
+    ck = kind(model, opt, spec)
+    out: dict[str, Any] = {"quiet_s": [], "quiet_cpu_s": [], "checkpoint_s": [], "checkpoint_cpu_s": [],
+                           "blocks_s": [], "flush_s": []}
+    step = spec["warmup"]
+    for _ in range(spec["checkpoints"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        cycle()
+        t1, c1 = time.perf_counter(), time.process_time()
+        step += spec["every"]
+        ck.checkpoint(step)
+        t2 = time.perf_counter()
+        cycle()
+        t3 = time.perf_counter()
+        ck.finish()
+        t4, c4 = time.perf_counter(), time.process_time()
+        out["quiet_s"].append(t1 - t0)
+        out["quiet_cpu_s"].append(c1 - c0)
+        out["checkpoint_s"].append(t4 - t1)
+        out["checkpoint_cpu_s"].append(c4 - c1)
+        out["blocks_s"].append(t2 - t1)
+        out["flush_s"].append(t4 - t3)
+        step += spec["every"]
+    if spec["contender"].startswith("ravex"):
+        import ravex
+
+        st = ravex.status()
+        out["checkpoints_written"], out["last_error"] = st["checkpoints_written"], st["last_error"]
+        if st["last_error"] or st["checkpoints_written"] != spec["checkpoints"]:
+            raise RuntimeError(f"ravex wrote {st['checkpoints_written']} checkpoints: {st['last_error']}")
+        ravex.deactivate()
+    return out
+
+
+# ---- the parent: every contender in turn ----------------------------------------------------------
+
+
+def _state_bytes(cfg: Config, mode: str) -> tuple[int, int]:
+    """(checkpoint bytes, bytes that change per checkpoint) of a mode: fp32 weights and biases,
+    and two AdamW moments of the trainable ones."""
+    layer = (cfg.width * cfg.width + cfg.width) * 4
+    if mode == "full":
+        return 3 * cfg.layers * layer, 3 * cfg.layers * layer
+    frozen, n = cfg.frozen_layers
+    return n * layer + 2 * (n - frozen) * layer, 3 * (n - frozen) * layer
+
+
+def _run_one(cfg: Config, mode: str, name: str) -> dict[str, Any]:
+    folder = tempfile.mkdtemp(prefix=f"goodput-{mode}-", dir=cfg.scratch)
+    spec = {k: v for k, v in asdict(cfg).items() if k in ("width", "layers", "frozen_layers", "batch", "checkpoints",
+                                                          "every", "warmup")}
+    spec.update(mode=mode, contender=name, dir=folder, settings=VARIANTS.get(name, {}))
+    out = folder + ".json"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.goodput", json.dumps(spec), out], cwd=REPO,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"goodput child {name!r} ({mode}) failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            res: dict[str, Any] = json.load(f)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.path.exists(out):
+            os.unlink(out)
+    res["iteration_s"] = statistics.median(res["quiet_s"]) / cfg.every
+    res["lost_s"] = [c - q for c, q in zip(res["checkpoint_s"], res["quiet_s"], strict=True)]
+    res["cpu_lost_s"] = [c - q for c, q in zip(res["checkpoint_cpu_s"], res["quiet_cpu_s"], strict=True)]
+    # the median pair: the first checkpoint (allocating buffers) and another engineer's burst
+    # land in the tails; each figure is still one checkpoint's whole cost
+    res["lost_per_checkpoint_s"] = statistics.median(res["lost_s"])
+    res["cpu_per_checkpoint_s"] = statistics.median(res["cpu_lost_s"])
+    res["mean_lost_per_checkpoint_s"] = statistics.fmean(res["lost_s"])
+    return res
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    names = list(cfg.contenders) + list(cfg.variants)
+    load = list(os.getloadavg())
+    modes: dict[str, Any] = {}
+    for mode in cfg.modes:
+        nbytes, changed = _state_bytes(cfg, mode)
+        cfg.log(f"goodput {mode}: {nbytes / (1 << 30):.3f} GiB state ({changed / (1 << 30):.3f} GiB changing), "
+                f"{cfg.checkpoints} checkpoints, each against {cfg.every} quiet iterations, {cfg.reps} rep(s) ...")
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for rep in range(cfg.reps):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                r = _run_one(cfg, mode, name)
+                runs[name].append(r)
+                cfg.log(f"  rep {rep + 1}/{cfg.reps} {name:<40} lost {r['lost_per_checkpoint_s']:7.3f} s/ckpt "
+                        f"(mean {r['mean_lost_per_checkpoint_s']:.3f}), cpu {r['cpu_per_checkpoint_s']:6.3f} s/ckpt, "
+                        f"blocks {statistics.median(r['blocks_s']):.3f} s (iteration {r['iteration_s']:.3f} s; "
+                        f"load {os.getloadavg()[0]:.1f}; pairs {' '.join(f'{x:.2f}' for x in r['lost_s'])})")
+        figures = {
+            key: {n: round(statistics.median(r[key] for r in rs), 4) for n, rs in runs.items()}
+            for key in ("lost_per_checkpoint_s", "cpu_per_checkpoint_s", "mean_lost_per_checkpoint_s",
+                        "iteration_s")
+        }
+        figures["blocks_s"] = {n: round(statistics.median(b for r in rs for b in r["blocks_s"]), 4)
+                               for n, rs in runs.items()}
+        lost = figures["lost_per_checkpoint_s"]
+        entry: dict[str, Any] = {
+            "state_bytes": nbytes, "changed_bytes": changed, **figures,
+            "runs": {n: [{k: (round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v]
+                              if isinstance(v, list) else v) for k, v in r.items()} for r in rs]
+                     for n, rs in runs.items()},
+        }
+        ratios: dict[str, float | None] = {}
+        if "ravex" in lost:
+            for peer, key in PEERS:
+                if peer in lost:
+                    ratios[f"ravex_over_{key}"] = round(lost["ravex"] / lost[peer], 3) if lost[peer] > 0 else None
+            for v in cfg.variants:
+                ratios[f"{v}_over_ravex"] = round(lost[v] / lost["ravex"], 3) if lost["ravex"] > 0 else None
+        entry["ratios"] = ratios
+        modes[mode] = entry
+    return {"config": {k: v for k, v in asdict(cfg).items() if k != "log"}, "modes": modes,
+            "loadavg_start": load, "loadavg_end": list(os.getloadavg())}
+
+
+if __name__ == "__main__":
+    spec_json, out_path = sys.argv[1], sys.argv[2]
+    result = child(json.loads(spec_json))
+    with open(out_path, "w") as fh:
+        json.dump(result, fh)

@@ -1,0 +1,38 @@
+"""Smoke test of ``python -m benchmarks goodput --quick``: every contender runs in its own
+process, Ravex writes every checkpoint asked of it (the child fails otherwise), every
+checkpoint is paired with a quiet cycle, and the figure joins the budget table. Nothing
+about the figures' sizes is checked (speed belongs to the benchmark, not to a test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.timeout(240)
+def test_goodput_quick_runs(tmp_path):
+    out = tmp_path / "goodput.json"
+    scratch = tmp_path / "scratch"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "goodput", "--quick", "--plain", "--silent",
+         "--out", str(out), "--dir", str(scratch)],
+        cwd=REPO, capture_output=True, text=True, timeout=230,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(out.read_text())
+    full = res["h_goodput"]["modes"]["full"]
+    assert set(full["lost_per_checkpoint_s"]) == {"bare copy", "ravex", "dcp.async_save", "torch.save"}
+    for name, runs in full["runs"].items():
+        assert len(runs[0]["quiet_s"]) == len(runs[0]["checkpoint_s"]) == 2, name
+        assert len(runs[0]["lost_s"]) == 2, name
+    assert all(r["checkpoints_written"] == 2 for r in full["runs"]["ravex"])
+    assert "ravex_over_dcp_async" in full["ratios"]
+    assert any(row["goal"].startswith("(h)") for row in res["budget"])
+    assert "(h) full model" in proc.stdout
+    assert not list(scratch.iterdir()), "scratch folders left behind"
