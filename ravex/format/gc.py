@@ -19,8 +19,8 @@ a pack from being named for a few of its chunks, which bounds them at half a pac
 repack (:mod:`.repack`, spec §14 phase 3b) copies the live chunks of the sparsest packs into new
 ones and replaces the manifests naming them, down to a tenth of the object bytes once no writer
 runs (grace 0). A repacked pack has a retirement record; phase 4 deletes it only once no manifest
-names it, the grace has passed since its retirement and no manifest a writer may hold as its
-delta base was rewritten away from it (:func:`.repack.may_delete_retired`).
+names it, twice the grace has passed since its record was written and no manifest a writer may
+hold as its delta base was rewritten away from it (:func:`.repack.may_delete_retired`).
 
 Requests (an object store bills and delays each): one recursive listing of ``steps/``
 gives every step's files, ranks and age at once; completeness is read only for the
@@ -215,7 +215,7 @@ def gc(
         # the manifests naming them. While the grace is not zero a writer may be committing: the
         # packs a delta base may name are left to the writer's own liveness rule (§13).
         report.repack, retired, new_packs = repack(store.storage, present, sizes, protect_bases=grace_seconds > 0,
-                                                   dry_run=dry_run, now=now)
+                                                   dry_run=dry_run)
         referenced = (referenced - retired) | new_packs
     refreshed: set[tuple[str, int]] = set()
     dropped_records = 0

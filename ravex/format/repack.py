@@ -19,10 +19,10 @@ last one; §14 holds the proof):
    (tree, arrays, digests, unknown members included) with only the packed entries' ``object``
    and ``offset`` changed, so a reader of any 1.x version reads the same step from it;
 4. the retired pack is deleted later, by phase 4 of a GC that finds no manifest naming it, once
-   the retirement is older than the grace period and no manifest a writer may hold as its delta
+   its record is older than twice the grace period and no manifest a writer may hold as its delta
    base (each timeline's newest complete step, the incomplete steps above it, the heads of
    timelines with no step of their own) is one that was rewritten away from it; with a grace of
-   zero, GC runs alone (§14, A2), and it goes at once. Then its record goes.
+   zero, GC runs alone (§14, A8), and it goes at once. Then its record goes.
 
 A crash between any two steps leaves every manifest naming bytes that exist: the old pack stays
 until the record that lets it go is complete and its conditions hold.
@@ -177,15 +177,16 @@ def read_retirements(storage: Storage) -> tuple[dict[str, Retirement], set[str]]
 def may_delete_retired(
     record: Retirement, now: float, grace_seconds: float, base_candidates: set[tuple[str, int]]
 ) -> bool:
-    """Whether a retired pack that no manifest present names may go (§14, A7): the grace has passed
-    since it was retired (a reader that read a manifest before the rewrite, and a writer that loaded
-    its base before it, have finished), and no manifest a writer may hold as its base was
-    rewritten away from it (that writer may still copy an entry naming it). A grace of zero means
-    GC runs alone: nothing can hold an old manifest."""
+    """Whether a retired pack that no manifest present names may go (§14, phase 4): twice the grace
+    has passed since its record was written (the rewrites end within one grace of it, A9, and a
+    reader that read a manifest before its rewrite, or a writer that loaded its base before it, is
+    done within the next, A7 and A2), and no manifest a writer may hold as its base was rewritten
+    away from it (that writer may still copy an entry naming it). A grace of zero means GC runs
+    alone: nothing can hold an old manifest."""
     if grace_seconds == 0:
         return True
     rewritten = {(timeline, step) for timeline, step, _ in record.manifests}
-    return now - record.retired_at >= grace_seconds and not (rewritten & base_candidates)
+    return now - record.retired_at >= 2 * grace_seconds and not (rewritten & base_candidates)
 
 
 @dataclass
@@ -304,7 +305,6 @@ def repack(
     sizes: dict[str, int],
     protect_bases: bool,
     dry_run: bool = False,
-    now: float | None = None,
 ) -> tuple[RepackReport, set[str], set[str]]:
     """Repack (module doc); returns the report, the packs no manifest names any more (retired),
     and the new packs (now named by the rewritten manifests)."""
@@ -350,7 +350,7 @@ def repack(
     flush()
     storage.sync()
     # 2. the retirement records, before any manifest stops naming the packs
-    now = time.time() if now is None else now
+    now = time.time()  # when the records are written: the rewrites all come after it
     holders: dict[str, set[ManifestId]] = {}
     for name in chosen:
         holders[name] = {pm.id for users in cover[name].values() for pm, _, _ in users}

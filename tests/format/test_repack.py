@@ -254,7 +254,7 @@ def test_a_writer_and_a_reader_racing_a_repacking_gc_never_meet_a_deleted_pack(
     assert_same(reader.read(), _slow_state(4))  # read after GC replaced its manifest: the old pack waits
     for name in retired:
         assert (root / "objects" / name[:2] / name).exists()
-    # an hour later the retired packs go; what the writer and every kept step name stays
+    # an hour later (twice the grace) the retired packs go; what the writer and every kept step name stays
     later = gc_module.time.time() + 3600
     monkeypatch.setattr(gc_module.time, "time", lambda: later)
     report = gc(open_store(root), keep_last=2, keep_every=4, grace_seconds=600)
