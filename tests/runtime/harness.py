@@ -7,6 +7,7 @@ they come and SIGKILLs the child the moment it reports the point a test asked fo
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -43,6 +44,14 @@ class Result:
     def resumed_from(self) -> int | None:
         m = re.search(r"resumed from step (\d+)", self.stderr)
         return int(m.group(1)) if m else None
+
+
+def kill_points() -> random.Random:
+    """The random source of a test's kill points: seeded anew each run, the seed printed so
+    that a failure repeats with ``RAVEX_TEST_SEED``."""
+    seed = int(os.environ.get("RAVEX_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"kill-point seed {seed} (rerun with RAVEX_TEST_SEED={seed})")
+    return random.Random(seed)
 
 
 def child_env(**extra: str) -> dict[str, str]:

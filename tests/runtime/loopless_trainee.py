@@ -5,8 +5,9 @@
 ``train``     ``for epoch in range(EPOCHS)`` over a DataLoader of 4 batches, one optimizer step
               per batch; prints ``STEP <n>``
 ``noforward`` builds the model and optimizer under Ravex, then exits: no forward, no step
-``framework`` a loop of its own, as a framework runs it: an epoch that yields no batch is taken
-              for empty data, the loop stops, and the model is saved (``model.pt``)
+``framework`` a library's loop (``framework_loop.fit``), as a framework runs it: an epoch that
+              yields no batch is taken for empty data, the loop stops, and the model is saved
+              (``model.pt``)
 
 Each prints ``RESUME <ravex.status()["resume"]>`` last.
 
@@ -39,6 +40,14 @@ if SHAPE == "noforward":
     print(f"RESUME {ravex.status()['resume']}", flush=True)
     sys.exit(0)
 
+if SHAPE == "framework":
+    import framework_loop
+
+    framework_loop.fit(model, optimizer, loader, EPOCHS, DIE_AT)
+    torch.save(model.state_dict(), "model.pt")
+    print(f"RESUME {ravex.status()['resume']}", flush=True)
+    sys.exit(0)
+
 step = 0
 for _epoch in range(EPOCHS):
     batches = 0
@@ -52,9 +61,4 @@ for _epoch in range(EPOCHS):
         if step == DIE_AT:
             ravex.flush()
             os._exit(0)
-    if SHAPE == "framework" and batches == 0:
-        print("EMPTY EPOCH: stopping", flush=True)
-        break
-if SHAPE == "framework":
-    torch.save(model.state_dict(), "model.pt")
 print(f"RESUME {ravex.status()['resume']}", flush=True)

@@ -9,7 +9,6 @@ optimizer) or within its first steps (without one).
 
 from __future__ import annotations
 
-import random
 import re
 import signal
 from pathlib import Path
@@ -55,14 +54,6 @@ def lm_reference(tmp_path_factory):
     return get
 
 
-def _seeded() -> random.Random:
-    import os
-
-    seed = int(os.environ.get("RAVEX_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
-    print(f"kill-point seed {seed} (rerun with RAVEX_TEST_SEED={seed})")
-    return random.Random(seed)
-
-
 def _kill_and_rerun(cwd: Path, kill_step: int, **env: str) -> tuple[harness.Result, harness.Result, dict]:
     argv = [harness.PYTHON, str(LM)]
     base = dict(T_ENTRY="activate", **env)
@@ -80,7 +71,7 @@ def test_wrapped_loops_resume_bitwise_after_sigkill(tmp_path, sgd, lm_reference)
     """Several trials: each kill point resumes at the step its last checkpoint holds, runs
     only the steps after it (printed batch numbers continue) and ends bitwise equal."""
     ref, ref_state = lm_reference(sgd)
-    rng = _seeded()
+    rng = harness.kill_points()
     for trial in range(3):
         kill_step = rng.randrange(EVERY + 1, STEPS - 1)
         cwd = _workdir(tmp_path / f"trial-{trial}")

@@ -276,5 +276,6 @@ def test_resume_never_and_resume_at_a_given_step(tmp_path):
     ravex.deactivate()
     from ravex.errors import StepNotFoundError
 
-    with pytest.raises(StepNotFoundError, match="no complete step 5"):
+    # the timeline the resume from 4 started, main-4, holds no step 5 (nor its lineage)
+    with pytest.raises(StepNotFoundError, match=r"step main-4@5 .* has no complete step"):
         ravex.activate(storage=store, resume=5)

@@ -52,7 +52,7 @@ def test_a_framework_loop_stopping_on_a_finished_epoch_says_so(tmp_path):
     """HF Trainer's shape: the rerun's finished first epoch yields nothing, its own loop takes
     that for empty data and saves the untrained model: the line names the finished epochs."""
     cwd = _workdir(tmp_path)
-    _train(cwd, "train", "2", "7")  # killed in the second epoch, after step 6's checkpoint
+    _train(cwd, "framework", "2", "7")  # killed in the second epoch, after step 6's checkpoint
     second = _train(cwd, "framework", "2")
     assert "EMPTY EPOCH: stopping" in second.stdout, second.explain()
     lines = [line for line in second.stderr.splitlines() if NOT_RESTORED in line]
