@@ -53,7 +53,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
@@ -104,9 +104,9 @@ class RavexCheckpointIO(CheckpointIO):
             raise TypeError("RavexCheckpointIO.save_checkpoint takes no storage_options; pass them to "
                             "RavexCheckpointIO(url, storage_options=...)")
         path = _local(path)
-        self._raise_failed()
         while len(self._saves) >= self.max_queued:
-            self._saves.pop(0).result()
+            wait([self._saves.pop(0)])
+        self._raise_failed()
         tree = to_tree(checkpoint, copy=self.async_writes)
         done = self._run(lambda: self._write(tree, path))
         if done is not None:
@@ -137,11 +137,8 @@ class RavexCheckpointIO(CheckpointIO):
 
     def flush(self) -> None:
         """Wait until every queued save and removal is done; raise the first that failed."""
-        try:
-            while self._pending:
-                self._pending.pop(0).result()
-        finally:
-            self._saves.clear()
+        pending, self._pending, self._saves = self._pending, [], []
+        wait(pending)  # a failure is recorded by _guarded, and raised once, here
         self._raise_failed()
 
     # ---- the work, on the writer thread ----------------------------------------------------

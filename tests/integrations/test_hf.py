@@ -68,3 +68,19 @@ def test_trainer_killed_in_either_epoch_resumes_bitwise(tmp_path, uninterrupted,
     assert final["global_step"] == STEPS
     assert final["logs"] == uninterrupted["logs"], f"seed {seed}: Trainer's log history differs"
     harness.assert_same_state(final["model"], uninterrupted["model"], "model")
+
+
+def test_a_transformers_without_the_resume_methods_is_left_alone_with_one_line(monkeypatch, caplog):
+    """Another transformers release may rename what the integration wraps: the script then runs as
+    Ravex runs any script (torch objects restored), with one warning line naming the extra."""
+    from transformers import trainer as trainer_module
+
+    from ravex.integrations import hf
+
+    monkeypatch.delattr(trainer_module, "skip_first_batches")
+    replaced: list[str] = []
+    with caplog.at_level("WARNING", logger="ravex"):
+        hf.install(object(), lambda owner, name, make: replaced.append(name))  # type: ignore[arg-type]
+    assert replaced == []
+    [line] = [r.getMessage() for r in caplog.records if r.name == "ravex"]
+    assert "has no Trainer skip_first_batches" in line and "pip install 'ravex[hf]'" in line, line

@@ -159,3 +159,16 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert newest["global_step"] == STEPS and "loops" in newest
     pointers = sorted((tmp_path / ".ravex").glob("lightning-*/step=*.ckpt"))
     assert [p.name for p in pointers] == [f"step={STEPS - EVERY}.ckpt", f"step={STEPS}.ckpt"]
+
+
+def test_a_failed_background_write_is_raised_by_flush_and_no_pointer_is_left(tmp_path):
+    from ravex.integrations.lightning import RavexCheckpointIO
+
+    (tmp_path / "not-a-folder").write_text("a file where the store should be\n")
+    io = RavexCheckpointIO(tmp_path / "not-a-folder" / "store")
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 0}, tmp_path / "last.ckpt")  # returns at once
+    with pytest.raises(OSError):
+        io.flush()
+    assert not (tmp_path / "last.ckpt").exists()
+    io.flush()  # raised once; the plugin goes on
+    io.teardown()
