@@ -316,6 +316,46 @@ def test_two_ranks_and_a_forked_timeline_are_repacked_whole(tmp_path, without_li
     assert validate(open_store(root), full=True).ok
 
 
+def _sparse_pack(root: Path) -> tuple[str, set[tuple[int, int]]]:
+    """The pack the kept steps read least of, and the ranges they read in it."""
+    ranges: dict[str, set[tuple[int, int]]] = {}
+    for manifest in root.glob("steps/*/rank-*.json"):
+        for entry in json.loads(manifest.read_bytes())["arrays"].values():
+            for ref in entry["chunks"].values():
+                if "offset" in ref:
+                    ranges.setdefault(ref["object"], set()).add((ref["offset"], ref["size"]))
+
+    def live_share(name: str) -> float:
+        return sum(n for _, n in ranges[name]) / (root / "objects" / name[:2] / name).stat().st_size
+
+    name = min(ranges, key=live_share)
+    return name, ranges[name]
+
+
+@pytest.mark.parametrize("where", ["live", "dead"])
+def test_a_damaged_pack_is_not_copied_and_damage_in_dead_bytes_goes_with_the_pack(tmp_path, where,
+                                                                                 without_liveness_rule):
+    root = tmp_path / "s"
+    _long_run(root)
+    gc(open_store(root), keep_last=3, grace_seconds=0, repack_packs=False)
+    name, live = _sparse_pack(root)
+    path = root / "objects" / name[:2] / name
+    data = bytearray(path.read_bytes())
+    covered = {i for offset, n in live for i in range(offset, offset + n)}
+    spot = min(covered) if where == "live" else min(set(range(len(data))) - covered)
+    data[spot] ^= 0xFF
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    report = gc(open_store(root), keep_last=3, grace_seconds=0)
+    assert report.repack is not None
+    if where == "live":  # left as it is, for validate to name; nothing copied from it
+        assert report.repack.damaged == [name] and report.repack.packs == 0 and path.exists()
+        assert not validate(open_store(root), full=True).ok
+    else:  # only live bytes are copied: the damage goes with the pack
+        assert report.repack.damaged == [] and report.repack.packs >= 1 and not path.exists()
+        assert_every_step_reads(root, liveness_state)
+
+
 class Crash(Exception):
     """The process 'dies' here."""
 
