@@ -187,7 +187,7 @@ def gc(
 
     referenced: set[str] = set()
     present: list[PresentManifest] = []
-    candidates = _base_candidates(views, listings, now, grace_seconds)
+    candidates = _base_candidates(views, listings)
     for name, view in views.items():
         for step, files in listings[name].items():
             if dry_run and step in deleted.get(name, {}):
@@ -239,10 +239,11 @@ def gc(
                 # a crash between the rewrite of a step's manifests and of its refs.json left the
                 # latter naming this pack: written again from the manifests before the pack goes
                 for timeline, step, _ in records[name].manifests:
-                    if (timeline, step) not in refreshed and timeline in views and \
-                            REFS_NAME in listings[timeline].get(step, _NO_FILES).files:
-                        refresh_refs(views[timeline], step)
+                    if (timeline, step) in refreshed or timeline not in views:
+                        continue
                     refreshed.add((timeline, step))
+                    if REFS_NAME in listings[timeline].get(step, _NO_FILES).files:
+                        refresh_refs(views[timeline], step)
                 if store.storage.delete_if_older(obj.key, now if grace_seconds == 0 else cutoff):
                     report.deleted_objects += 1
                     report.deleted_bytes += obj.size
@@ -271,9 +272,7 @@ def gc(
 _NO_FILES = StepFiles(-1, (), (), None)
 
 
-def _base_candidates(
-    views: dict[str, StoreCatalog], listings: dict[str, dict[int, StepFiles]], now: float, grace_seconds: float
-) -> set[tuple[str, int]]:
+def _base_candidates(views: dict[str, StoreCatalog], listings: dict[str, dict[int, StepFiles]]) -> set[tuple[str, int]]:
     """``(timeline, step)`` of every step a writer may hold as its delta base (spec §14, proof
     step 4): each timeline's newest complete step, the steps above it (in flight), and the fork
     step of a timeline with no complete step of its own (a writer of it starts from there)."""
