@@ -32,7 +32,7 @@ from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__
 
-from . import position, provenance
+from . import frames, position, provenance
 from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
@@ -352,7 +352,7 @@ class Cadence(Resume):
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
         """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`: the
         tree, this rank's layout, and the chunk size of each sparsely updated table."""
-        tree = collect(self.registry, self.step, st, self._loop_positions(), self._script_position(st))
+        tree = collect(self.registry, self.step, st, self._loop_positions(), self._script_position(st, reason))
         rank_layout = None
         if backend.multi_rank_steps:  # ranks, shards: who writes what
             tree, rank_layout = layout.lay_out(tree, self.rank, self.world_size)
@@ -366,13 +366,15 @@ class Cadence(Resume):
             self._run_record = provenance.gather(self.config, self.world_size)
         return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes, self._run_record)
 
-    def _script_position(self, st: LoaderState | None) -> dict[str, Any] | None:
+    def _script_position(self, st: LoaderState | None, reason: str) -> dict[str, Any] | None:
         """Where the main script's loops stand (:mod:`.position`), for a checkpoint taken at
         the head of a loop or at a DataLoader loop's ``next()``, or only the variables its
         loops carry at a ``ravex.loop`` boundary (which saves the positions); None elsewhere."""
         if self.world_size > 1:
             return None
         frame: FrameType | None
+        if reason == "exit" and self.last_script is not None and not frames.main_frames(sys._getframe()):
+            return position.capture_after(*self.last_script, self.config.script_variables)
         if self.loops:
             frame, mode = position.innermost_frame(sys._getframe(1)), "loop"
         elif self._head_frame is not None:
@@ -386,6 +388,8 @@ class Cadence(Resume):
         wanted = self.config.script_variables
         script, unsaved = (position.capture_variables(frame, wanted) if mode == "loop"
                            else position.capture(frame, mode, wanted))
+        if script is not None and mode != "loop":
+            self.last_script = (script, frame.f_code.co_filename)
         if unsaved and not self._unsaved_said and script is not None:
             self._unsaved_said = True
             logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "

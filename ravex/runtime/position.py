@@ -17,6 +17,10 @@ loop around the checkpoint is positioned, the checkpoint is restored right there
 script's variables, before the resumed iteration's body runs; a DataLoader loop instead
 restores at the loader's ``iter()`` and skips the consumed batches at its sampler.
 
+A run that finished records, at exit, the line after its outermost loop (``"after"``,
+:func:`capture_after`): a rerun jumps past that loop and restores there, so it runs only
+what followed the training.
+
 Tracing costs a Python call per function call while it is on, so it is on only between
 activation and the restore of a rerun, and between a due checkpoint and the loop head.
 """
@@ -122,8 +126,48 @@ def put_variables(script: dict[str, Any], live: list[FrameType]) -> None:
             frames.write_variables(frame, {k: decode(v) for k, v in record["variables"].items()})
 
 
+def capture_after(last: dict[str, Any], filename: str, wanted: str | list[str]) -> dict[str, Any] | None:
+    """The script ran to its end: its position just after the outermost loop of ``last``
+    (the position of this run's last checkpoint in a loop, in the main script ``filename``:
+    the interpreter has removed ``__main__.__file__`` by exit), mode ``"after"``, so that a
+    rerun of a finished run skips that loop instead of training again. Taken at exit, when
+    no frame of the script is left: only a loop at module level qualifies (its variables are
+    the main module's globals), or one in a function whose loop assigns nothing that the
+    code after it reads. None where neither holds."""
+    main = sys.modules.get("__main__")
+    records = [r for r in last["frames"] if r["loops"]]
+    if main is None or not records:
+        return None
+    outer = last["frames"].index(records[0])
+    record = records[0]
+    _, name, first = record["code"].rsplit(":", 2)
+    loop_line = record["loops"][0]["line"]
+    after = source.after_loop(filename, name, int(first), loop_line)
+    if after is None:
+        return None
+    line, live = after
+    scope = vars(main)
+    module_live = live if name == "<module>" else live & frozenset(scope)
+    if name != "<module>" and live - module_live:
+        return None  # the function's own variables died with its frame
+    names = module_live if wanted == "auto" else frozenset(() if wanted == "none" else wanted)
+    variables = {}
+    for key in sorted(names & frozenset(scope)):
+        encoded = _encode(scope[key])
+        if encoded is not _UNSAVEABLE:
+            variables[key] = encoded
+    frames_out = [dict(r, loops=[], variables={}) for r in last["frames"][:outer + 1]]
+    frames_out[0]["variables"] = variables if frames_out[0]["code"].split(":")[1] == "<module>" else {}
+    frames_out[-1]["after"] = {"loop": loop_line, "line": line}
+    return {"mode": "after", "frames": frames_out}
+
+
 def describe(script: dict[str, Any]) -> str:
-    """``train.py:255`` for a recorded position: the innermost loop's file and line."""
+    """``train.py:255`` for a recorded position: the innermost loop's file and line (the
+    line after the loop, for a finished run)."""
+    if script["mode"] == "after":
+        record = script["frames"][-1]
+        return f"{record['code'].split(':')[0]}:{record['after']['line']}"
     inner = [r for r in script["frames"] if r["loops"]][-1]
     return f"{inner['code'].split(':')[0]}:{inner['loops'][-1]['line']}"
 
@@ -314,7 +358,7 @@ class Reentry:
     def _local(self, frame: FrameType, event: str, arg: Any) -> _Tracer | None:
         if not self.active:
             return None
-        if event == "line" and self.next < len(self.order):
+        if event == "line" and (self.next < len(self.order) or self.mode == "after"):
             try:
                 self._line(frame)
             except Exception as exc:  # never break the script: give the position up instead
@@ -324,6 +368,9 @@ class Reentry:
         return self._local if self.active else None
 
     def _line(self, frame: FrameType) -> None:
+        if self.mode == "after":
+            self._jump_past(frame)
+            return
         i, j = self.order[self.next]
         record = self.records[i]
         if frames.code_key(frame.f_code) != record["code"]:
@@ -341,6 +388,16 @@ class Reentry:
         if innermost:
             self.stop()
             self.restore_at(self.live_frames(frame))
+
+    def _jump_past(self, frame: FrameType) -> None:
+        """A finished run: at the recorded loop's statement, jump to the line after it (a
+        line trace function may set ``f_lineno``) and restore there."""
+        record = self.records[-1]
+        if frames.code_key(frame.f_code) != record["code"] or frame.f_lineno != record["after"]["loop"]:
+            return
+        setattr(frame, "f_lineno", record["after"]["line"])  # noqa: B010 - typeshed has it read-only
+        self.stop()
+        self.restore_at(self.live_frames(frame))
 
     def _draw_to(self, frame: FrameType, record: dict[str, Any], loop: dict[str, Any]) -> bool:
         """Draw from the ``for``'s iterator until its variables are the recorded ones."""

@@ -72,6 +72,9 @@ class Resume:
         self._loops_skipped = False
         self._reentry: position.Reentry | None = None  # the rerun going back to the saved loop position
         self._enumerate: position.EnumerateFrom | None = None  # enumerate's count in the resumed epoch
+        #: the script's loop position at this run's last checkpoint (or the one it resumed):
+        #: a finished run's exit checkpoint records the line after its loop from it
+        self.last_script: tuple[dict[str, Any], str] | None = None  # (position, main script file)
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -218,6 +221,9 @@ class Resume:
         logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
                     (time.perf_counter() - started) * 1000)
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
+            self.last_script = (tree["script"], main_file)
         if self._reentry is not None:
             self._sync_loaders(tree)
             logger.info("ravex: back in the loop at %s where step %d was taken",

@@ -98,6 +98,25 @@ def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Pl
                  frozenset(((live & changed) | declared) - bound), exact)
 
 
+def after_loop(filename: str, name: str, first_line: int, loop_line: int) -> tuple[int, frozenset[str]] | None:
+    """Where control goes once the loop statement at ``loop_line`` of a code object is done
+    (the next statement's line, in no other loop), and what the loop assigned that the rest
+    reads: a finished run's position. None where there is no such statement (the loop ends
+    its block) or the loop sits in another loop or an exception handler."""
+    scope = _scope(filename, name, first_line)
+    chain = _chain(scope.body, loop_line) if scope is not None else []
+    if not chain or scope is None:
+        return None
+    last = chain[-1]
+    loop = last.stmts[last.index]
+    if (not isinstance(loop, _LOOPS) or loop.lineno != loop_line or last.index + 1 >= len(last.stmts)
+            or any(isinstance(c.owner, _LOOPS) or c.block in ("handler", "finally") for c in chain)):
+        return None
+    declared = _globals_assigned(scope)
+    live = _Liveness(chain).before_block(len(chain) - 1, last.index + 1)
+    return last.stmts[last.index + 1].lineno, frozenset((live & (_stores(loop) | declared)) | declared)
+
+
 def _site(loop: ast.stmt) -> LoopSite:
     body = loop.body[0]  # type: ignore[attr-defined]
     first = min([body.lineno] + [d.lineno for d in getattr(body, "decorator_list", [])])

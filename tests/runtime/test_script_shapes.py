@@ -158,3 +158,22 @@ def test_loop_over_prepared_batches_is_told_once_then_exact_with_ravex_loop(tmp_
             assert told == [], second.explain()
             _assert_continues(_output(second), _after(_output(ref), 30), "ravex.loop")
             harness.assert_same_state(torch.load(cwd / "final.pt", weights_only=False), ref_state)
+
+
+@pytest.mark.parametrize("name", ["while-globals", "epochs-in-function"])
+def test_rerun_of_a_finished_run_trains_nothing_again(name, tmp_path, reference):
+    """A run that ended normally, rerun unchanged: its exit checkpoint recorded the line after
+    the training loop, so the rerun skips the loop, restores there and runs only what
+    followed it; no user file of the training is written again."""
+    shape, _ = CASES[name]
+    _, ref_state, ref_files = reference(name, shape)
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {shape.every}\n")
+    first = _run(shape, tmp_path, T_ENTRY="activate")
+    assert first.returncode == 0, first.explain()
+    before = _files(tmp_path)
+    again = _run(shape, tmp_path, T_ENTRY="activate", T_OUT=str(tmp_path / "final.pt"))
+    assert again.returncode == 0 and again.resumed_from == shape.iterations, again.explain()
+    assert _output(again) == [], again.explain()
+    harness.assert_same_state(torch.load(tmp_path / "final.pt", weights_only=False), ref_state)
+    assert _files(tmp_path) == before and {k: v[1] for k, v in before.items()} == {
+        k: v[1] for k, v in ref_files.items()}
