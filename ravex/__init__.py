@@ -169,7 +169,8 @@ def status() -> dict[str, Any]:
 def load(store: Any, step: int | str = "latest", subtree: Any = None, device: Any = None) -> Any:
     """A checkpoint's state tree with torch tensors, for evaluation, inference or fine-tuning.
 
-    ``store`` is a path or fsspec URL; ``step`` a number or ``"latest"``; ``subtree`` a key
+    ``store`` is a path or fsspec URL; ``step`` a number or ``"latest"`` of the current
+    timeline (the one a plain rerun continues), or ``"exp@60"``; ``subtree`` a key
     or keys (``"model"``) to read only that part; ``device`` where the tensors go::
 
         model.load_state_dict(ravex.load("./ckpt")["model"])

@@ -46,7 +46,10 @@ def load(
     """The state tree of a step with torch tensors at the leaves.
 
     ``subtree`` is a key or a sequence of keys (``"model"``, ``("optimizers", 0)``); only
-    its tensors are read. ``device`` moves every tensor there (default: CPU).
+    its tensors are read. ``device`` moves every tensor there (default: CPU). A bare step
+    (``60``, ``"latest"``) is one of the current timeline, the one a plain rerun continues,
+    as the CLI reads it; ``"exp@60"`` names another.
     """
     ckpt = store if isinstance(store, CheckpointStore) else open_store(store)
-    return tree_to_torch(ckpt.read(step, rank=rank, subtree=subtree), device)
+    view = ckpt if isinstance(step, str) and "@" in step else ckpt.current()
+    return tree_to_torch(view.read(step, rank=rank, subtree=subtree), device)

@@ -54,6 +54,9 @@ def test_roll_back_fork_kill_rerun_continues_the_new_timeline_bitwise(tmp_path, 
     assert set(timelines) == {"main", "main-20"}
     assert (timelines["main-20"].parent, timelines["main-20"].fork_step) == ("main", 20)
     assert store.on_timeline("main-20").complete_steps() == [25]
+    # ravex.load reads the timeline a rerun continues, as the CLI does; main's by name
+    assert ravex.load(str(tmp_path / "ckpt"))["ravex"]["step"] == 25
+    assert ravex.load(str(tmp_path / "ckpt"), "main@latest")["ravex"]["step"] == 36
 
     # A plain rerun continues main-20 from its step 25 and ends where the undiverged run ended.
     out = tmp_path / "final.pt"
