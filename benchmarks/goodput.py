@@ -49,9 +49,6 @@ CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save")
 #: Ravex with one measure undone or changed, set on the child's modules before ``activate()``:
 #: ``{name: {"module:attribute": value}}`` (``--ab NAME,...``; ``--ab all``).
 VARIANTS: dict[str, dict[str, Any]] = {
-    "ravex, normal priority": {"ravex.saving.priority:BACKGROUND": None},
-    "ravex, nice 19": {"ravex.saving.priority:BACKGROUND": "nice"},
-    "ravex, SCHED_IDLE": {"ravex.saving.priority:BACKGROUND": "idle"},
     "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
     "ravex, 2 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 2},
     "ravex, 8 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 8},

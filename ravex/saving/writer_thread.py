@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .plan import Outcomes, SavePlan
-from .priority import lower_this_thread
 
 logger = logging.getLogger("ravex")
 
@@ -92,7 +91,6 @@ class AsyncSaver:
         return self._busy
 
     def _run(self) -> None:
-        lower_this_thread()  # before the writer starts its own threads: they inherit it
         while True:
             with self._cv:
                 while self._job is None and not self._closed:
