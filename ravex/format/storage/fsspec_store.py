@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import fsspec
+import fsspec.asyn
 
 from ..errors import StorageError
 from .base import BytesLike, ObjectInfo, Storage
@@ -92,7 +93,7 @@ class FsspecStorage(Storage):
     def list_dir(self, prefix: str) -> list[str]:
         path = self._path(prefix)
         try:
-            entries = self._retry("list", prefix, lambda: self.fs.ls(path, detail=False, refresh=True), absent_ok=True)
+            entries = self._retry("list", prefix, lambda: self._ls(path), absent_ok=True)
         except FileNotFoundError:
             return []
         except StorageError as exc:
@@ -100,6 +101,16 @@ class FsspecStorage(Storage):
                 return []
             raise
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def _ls(self, path: str) -> list[str]:
+        """The names in the folder ``path``. s3fs's ``ls`` of a folder that does not exist
+        lists its parent too (to tell a missing folder from a file): a second LIST request for
+        each of a store's optional folders (``timelines/``, ``tags/``, ``repack/``) that GC and
+        every open look at; its one-request listing is used instead."""
+        lsdir = getattr(self.fs, "_lsdir", None)
+        if lsdir is not None and type(self.fs).__module__.startswith("s3fs"):
+            return [e["name"] for e in fsspec.asyn.sync(self.fs.loop, lsdir, path, refresh=True)]
+        return list(self.fs.ls(path, detail=False, refresh=True))
 
     def walk(self, prefix: str) -> Iterator[ObjectInfo]:
         base = self._path(prefix)
