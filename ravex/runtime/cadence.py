@@ -32,7 +32,7 @@ from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__
 
-from . import frames, position, provenance
+from . import frames, headwatch, position, provenance
 from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
@@ -69,7 +69,7 @@ class Cadence(Resume):
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
         self._watch: _SilentWatch | None = None
-        self._head_watch: position.HeadWatch | None = None
+        self._head_watch: headwatch.HeadWatch | None = None
         self._head_frame: FrameType | None = None  # the frame at its loop head, while its checkpoint is taken
         self._unsaved_said = False
         #: the tensor the last backward() ran on, read as each checkpoint's loss
@@ -160,7 +160,7 @@ class Cadence(Resume):
 
     def _await_loop_head(self) -> None:
         """No DataLoader to mark the step boundary: take the checkpoint where the script's
-        loop starts its next iteration (:class:`.position.HeadWatch`), a point a rerun can
+        loop starts its next iteration (:class:`.headwatch.HeadWatch`), a point a rerun can
         come back to; where that loop cannot be watched, at the next forward pass."""
         if self._head_watch is not None and not self._head_watch.done:
             return
@@ -172,7 +172,7 @@ class Cadence(Resume):
         if self.enabled and self.world_size == 1 and (self._due or self._exit_signal is not None):
             frame = position.innermost_frame(frame)
             while frame is not None:
-                self._head_watch = position.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
+                self._head_watch = headwatch.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
                 if self._head_watch is not None:
                     return
                 frame = position.innermost_frame(frame.f_back)

@@ -26,6 +26,7 @@ from . import frames, patches, position, restore, rng
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .loops import ADVICE, Entry, Loop, main_loop_site
+from .reentry import EnumerateFrom, Reentry
 from .registry import LoaderState, Registry
 
 logger = logging.getLogger("ravex")
@@ -70,8 +71,8 @@ class Resume:
         self._resume_loops: list[dict[str, Any]] | None = None  # saved positions not yet entered
         self._loops_matched = 0  # how many of them this run has entered
         self._loops_skipped = False
-        self._reentry: position.Reentry | None = None  # the rerun going back to the saved loop position
-        self._enumerate: position.EnumerateFrom | None = None  # enumerate's count in the resumed epoch
+        self._reentry: Reentry | None = None  # the rerun going back to the saved loop position
+        self._enumerate: EnumerateFrom | None = None  # enumerate's count in the resumed epoch
         #: the script's loop position at this run's last checkpoint (or the one it resumed):
         #: a finished run's exit checkpoint records the line after its loop from it
         self.last_script: tuple[dict[str, Any], str] | None = None  # (position, main script file)
@@ -109,9 +110,9 @@ class Resume:
                            "forward pass and the loop starts over", self.resumed_from,
                            position.describe(script))
             return False
-        self._reentry = position.Reentry(script, self._restore_at_position, self._position_lost)
+        self._reentry = Reentry(script, self._restore_at_position, self._position_lost)
         if script["mode"] == "header":
-            self._enumerate = position.EnumerateFrom()
+            self._enumerate = EnumerateFrom()
             self._enumerate.install()
         self._reentry.start(sys._getframe(1))
         return True

@@ -1,0 +1,232 @@
+"""The rerun: back to the loop position a checkpoint recorded (:mod:`.position`).
+
+:class:`Reentry` watches the recorded frames from activation on. At the body of each
+recorded ``for`` it draws from the statement's own iterator (:mod:`.frames`) until the loop
+variables equal the recorded ones, so the iterations already done never run again (no
+``scheduler.step()`` of a finished epoch, no ``torch.save`` of stale weights, no printed
+line). A ``while`` needs no drawing: its position is its variables. Once every loop around
+the checkpoint is positioned, the checkpoint is restored right there, with the script's
+variables, before the resumed iteration's body runs; a DataLoader loop instead restores at
+the loader's ``iter()`` and skips the consumed batches at its sampler, with ``enumerate``'s
+count carried on (:class:`EnumerateFrom`). A run that finished recorded the line after its
+outermost loop: the rerun jumps past that loop (a line trace function may set ``f_lineno``).
+
+Tracing costs a Python call per function call while it is on: it is on only between
+activation and the restore.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from . import frames, source
+from .position import innermost_frame, live_frames
+
+_Tracer = Callable[[FrameType, str, Any], Any]
+
+#: a ``for`` is not redrawn more often than this looking for its recorded position
+_MAX_DRAW = 10_000_000
+
+
+class Reentry:
+    """Drives a rerun back to a recorded position (see the module docstring).
+
+    ``restore(frames)`` is called once every recorded loop is positioned (for a ``"head"``
+    position; a ``"header"`` one is restored by the DataLoader, see :meth:`at_loader`), with
+    the live frames matching the recorded ones, outermost first; ``lost(why)`` when the run
+    cannot reach the position (then nothing of the run has been skipped that it needed)."""
+
+    def __init__(self, script: dict[str, Any], restore: Callable[[list[FrameType]], None],
+                 lost: Callable[[str], None]) -> None:
+        self.script = script
+        self.restore_at = restore
+        self.lost = lost
+        self.mode = script["mode"]
+        self.records: list[dict[str, Any]] = script["frames"]
+        self.keys = {r["code"] for r in self.records}
+        self.heads = {(key.split(":")[1], int(key.split(":")[2])) for key in self.keys}
+        #: the recorded loops in order, outermost first: (frame record index, loop index)
+        self.order = [(i, j) for i, r in enumerate(self.records) for j in range(len(r["loops"]))]
+        self.next = 0
+        self.active = False
+        self._traced: list[FrameType] = []
+
+    def start(self, caller: FrameType | None) -> None:
+        """Trace from now on: new calls of the recorded code, and the recorded frames already
+        running (activation happens inside the script, at ``import torch``)."""
+        self.active = True
+        frame = caller
+        while frame is not None:
+            if self._wanted(frame):
+                frame.f_trace = self._local
+                frame.f_trace_lines = True
+                self._traced.append(frame)
+            frame = frame.f_back
+        sys.settrace(self._global)
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        if sys.gettrace() == self._global:
+            sys.settrace(None)
+        for frame in self._traced:
+            frame.f_trace = None
+        self._traced.clear()
+
+    def _wanted(self, frame: FrameType) -> bool:
+        code = frame.f_code
+        return ((code.co_name, code.co_firstlineno) in self.heads and frames.is_main(frame)
+                and frames.code_key(code) in self.keys)
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> _Tracer | None:
+        if event == "call" and self.active and self._wanted(frame):
+            self._traced.append(frame)
+            return self._local
+        return None
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> _Tracer | None:
+        if not self.active:
+            return None
+        if event == "line" and (self.next < len(self.order) or self.mode == "after"):
+            try:
+                self._line(frame)
+            except Exception as exc:  # never break the script: give the position up instead
+                self.stop()
+                self.lost(f"{type(exc).__name__}: {exc}")
+                return None
+        return self._local if self.active else None
+
+    def _line(self, frame: FrameType) -> None:
+        if self.mode == "after":
+            self._jump_past(frame)
+            return
+        i, j = self.order[self.next]
+        record = self.records[i]
+        if frames.code_key(frame.f_code) != record["code"]:
+            return
+        loop = record["loops"][j]
+        if frame.f_lineno != loop["body"]:
+            return
+        innermost = self.next == len(self.order) - 1
+        if innermost and self.mode == "header":
+            return  # the DataLoader's iter() restores (at_loader)
+        if loop["kind"] == "for":
+            if not self._draw_to(frame, record, loop):
+                return
+        self.next += 1
+        if innermost:
+            self.stop()
+            self.restore_at(self.live_frames(frame))
+
+    def _jump_past(self, frame: FrameType) -> None:
+        """A finished run: at the recorded loop's statement, jump to the line after it (a
+        line trace function may set ``f_lineno``) and restore there."""
+        record = self.records[-1]
+        if frames.code_key(frame.f_code) != record["code"] or frame.f_lineno != record["after"]["loop"]:
+            return
+        setattr(frame, "f_lineno", record["after"]["line"])  # noqa: B010 - typeshed has it read-only
+        self.stop()
+        self.restore_at(self.live_frames(frame))
+
+    def _draw_to(self, frame: FrameType, record: dict[str, Any], loop: dict[str, Any]) -> bool:
+        """Draw from the ``for``'s iterator until its variables are the recorded ones."""
+        code = frame.f_code
+        place = source.place(code.co_filename, code.co_name, code.co_firstlineno, frame.f_lineno, "head")
+        site = next((s for s in place.loops if s.line == loop["line"]), None) if place else None
+        if place is None or site is None or site.kind != "for":
+            raise LookupError(f"the loop at line {loop['line']} is no longer a for statement")
+        wanted = dict(loop["targets"])
+        current = frames.read_variables(frame, frozenset(site.targets))
+        if current == wanted:
+            return True
+        iterator = frames.loop_iterator(frame, place.stacked, site.line)
+        if iterator is None:
+            raise LookupError("this interpreter's frame does not hold the loop's iterator where expected")
+        for _ in range(_MAX_DRAW):
+            try:
+                item = next(iterator)
+            except StopIteration:
+                raise LookupError(f"the loop at line {loop['line']} ended before reaching "
+                                  f"{_show(wanted)}") from None
+            bound = source.bind(site.target, item)
+            if bound is None:
+                raise LookupError(f"the loop at line {loop['line']} binds something other than names")
+            if bound == wanted:
+                frames.write_variables(frame, bound)
+                return True
+        raise LookupError(f"the loop at line {loop['line']} did not reach {_show(wanted)}")
+
+    def at_loader(self) -> bool:
+        """A DataLoader's ``iter()`` is called: is it the loop the checkpoint was taken in?
+        (Every outer loop positioned, called from the recorded frame at the loop's line.)"""
+        if not self.active or self.mode != "header" or self.next != len(self.order) - 1:
+            return False
+        frame = innermost_frame(sys._getframe(1))
+        i, j = self.order[self.next]
+        record = self.records[i]
+        if frame is None or frames.code_key(frame.f_code) != record["code"]:
+            return False
+        if frame.f_lineno != record["loops"][j]["line"]:
+            return False
+        self.next += 1
+        self.stop()
+        return True
+
+    def live_frames(self, frame: FrameType | None) -> list[FrameType]:
+        """The running frames matching the recorded ones, outermost first."""
+        return live_frames(self.script, frame)
+
+
+def _show(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in values.items())
+
+
+class EnumerateFrom:
+    """``enumerate`` counting on from a resumed epoch's skipped batches.
+
+    ``for i, batch in enumerate(loader)`` starts ``i`` at 0 in every epoch, and scripts
+    branch on it (``if i % 100 == 0``). A rerun resuming the epoch at batch ``k`` must have
+    ``i`` start at ``k``. While a rerun returns to a DataLoader loop, ``builtins.enumerate``
+    is this class's subclass of it: when the iterator it wraps is the resumed loader's (handed
+    over by :meth:`expect` as the loader's ``iter()`` runs inside ``enumerate(...)``), the count
+    starts that many batches further; then the builtin is put back. It returns a genuine
+    ``enumerate``.
+    """
+
+    def __init__(self) -> None:
+        import builtins
+
+        self._builtins = builtins
+        self._original: type[enumerate[Any]] = builtins.enumerate
+        self._target: Any = None
+        self._offset = 0
+        self.installed = False
+
+    def expect(self, iterator: Any, offset: int) -> None:
+        """The resumed epoch's iterator, whose count starts at ``offset``."""
+        self._target, self._offset = iterator, offset
+
+    def install(self) -> None:
+        original, shim = self._original, self
+
+        class enumerate(original):  # type: ignore[valid-type,misc]
+            def __new__(cls, iterable: Any, start: int = 0) -> Any:
+                iterator = iter(iterable)
+                if shim._target is None or iterator is not shim._target:
+                    return original(iterator, start)
+                shim.uninstall()
+                return original(iterator, start + shim._offset)
+
+        enumerate.__doc__ = original.__doc__
+        setattr(self._builtins, "enumerate", enumerate)  # noqa: B010 - a builtin is replaced on purpose
+        self.installed = True
+
+    def uninstall(self) -> None:
+        self._target = None
+        if self.installed:
+            self.installed = False
+            setattr(self._builtins, "enumerate", self._original)  # noqa: B010
