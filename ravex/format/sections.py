@@ -3,7 +3,8 @@
 The runtime lays a step's tree out as :mod:`ravex.runtime.plan` says: ``models``,
 ``optimizers`` ... as lists in creation order (optimizer state under parameter names),
 and beside them bookkeeping: RNG streams (``rng``), data-loader positions (``loaders``,
-whose ``epoch_rng`` holds a tensor) and ``ravex.loop`` positions (``loops``); with several
+whose ``epoch_rng`` holds a tensor), ``ravex.loop`` positions (``loops``) and where the
+main script's loops stood with the variables they carry (``script``); with several
 ranks the bookkeeping sits under ``rank-<r>/``. The tools count and compare training
 tensors apart from that bookkeeping, and show a model or optimizer by the main script's
 global bound to it (``models/netG/...``) where its entry records one (``name``), by its
@@ -18,14 +19,14 @@ from typing import Any
 __all__ = ["BOOKKEEPING", "is_bookkeeping", "named", "object_names"]
 
 #: Top-level keys of a training tree that are bookkeeping, not training state.
-BOOKKEEPING = frozenset({"rng", "loaders", "loops"})
+BOOKKEEPING = frozenset({"rng", "loaders", "loops", "script"})
 #: Top-level lists whose entries may record the script's name for them.
 _NAMED = ("models", "optimizers")
 _RANK = re.compile(r"rank-\d+")
 
 
 def is_bookkeeping(path: str) -> bool:
-    """Whether an array path (or a value's path) is RNG or loader/loop bookkeeping."""
+    """Whether an array path (or a value's path) is RNG, loader or loop bookkeeping."""
     head, _, rest = path.partition("/")
     while _RANK.fullmatch(head) and rest:  # a rank's subtree, as a diff of several ranks names it
         head, _, rest = rest.partition("/")

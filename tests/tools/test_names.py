@@ -42,6 +42,7 @@ def store(tmp_path):
 def test_sections_of_a_path():
     assert is_bookkeeping("rng/torch") and is_bookkeeping("loaders/0/epoch_rng/torch")
     assert is_bookkeeping("rank-1/rng/torch") and is_bookkeeping("rank-0/rank-0/loaders/0/yielded")
+    assert is_bookkeeping("script/frames/0/variables/X/ravex_tensor")  # the script loop position
     assert not is_bookkeeping("models/0/state/rng") and not is_bookkeeping("rngs/x")
     names = object_names(_tree(1.0))
     assert names == {"models/0": "models/netG", "optimizers/0": "optimizers/optimizerG"}
