@@ -37,7 +37,7 @@ from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
 from .distributed import collectives, layout
-from .loops import ADVICE, Loop, main_loop_site
+from .loops import Loop, main_loop_site
 from .loss import LastLoss
 from .plan import collect
 from .registry import KINDS, LoaderState
@@ -68,7 +68,7 @@ class Cadence(Resume):
         self._forward_hook: Any = None
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
-        self._watch: _SilentWatch | None = None
+        self._watch: _BackwardSteps | None = None
         self._head_watch: headwatch.HeadWatch | None = None
         self._head_frame: FrameType | None = None  # the frame at its loop head, while its checkpoint is taken
         self._unsaved_said = False
@@ -105,6 +105,15 @@ class Cadence(Resume):
         if n <= self.step:
             return
         self._count_step(n)
+        if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
+            self._await_loop_head()
+
+    def on_backward_step(self) -> None:
+        """A backward pass of a loop without an optimizer (:class:`_BackwardSteps`): a step,
+        its checkpoint taken where the next iteration starts (or at the DataLoader's next)."""
+        if not self.enabled:
+            return
+        self._count_step(self.step + 1)
         if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
             self._await_loop_head()
 
@@ -404,8 +413,8 @@ class Cadence(Resume):
             self.backend.flush()
 
     def _start_watch(self) -> None:
-        """Watch for a loop that nothing would checkpoint (backward passes, no step counted)."""
-        self._watch = _SilentWatch(self)
+        """Count backward passes as steps where no optimizer step or wrapped loop would."""
+        self._watch = _BackwardSteps(self)
 
     def _stop_watch(self) -> None:
         watch, self._watch = self._watch, None
@@ -466,18 +475,17 @@ class Cadence(Resume):
 
 
 
-class _SilentWatch:
-    """Tells a script once, within its first steps, that nothing is being saved: it runs
-    backward passes but never steps a ``torch.optim`` optimizer and wraps no loop in
-    ``ravex.loop``, so no step is ever counted.
+class _BackwardSteps:
+    """Counts the training steps of a loop that steps no ``torch.optim`` optimizer and wraps
+    no loop in ``ravex.loop`` (parameters updated by hand, word_language_model's default):
+    each backward pass is a step, so its checkpoints are taken (at the loop's head, like any
+    other) instead of nothing being saved. It stands down for good once an optimizer exists
+    or a loop is wrapped, which count the steps themselves.
 
     Cheap by construction: a global forward pre-hook only until the first backward pass
     (it puts a post-accumulate-grad hook on one parameter of each module it sees), then
-    that one hook per backward pass, all removed once the verdict is in.
+    that one hook per backward pass.
     """
-
-    #: backward passes before the verdict
-    AFTER = 3
 
     def __init__(self, cadence: Cadence) -> None:
         import torch
@@ -485,7 +493,7 @@ class _SilentWatch:
 
         self.grad_enabled = torch.is_grad_enabled
         self.cadence = cadence
-        self.backwards = 0
+        self.said = False
         self.counted: int | None = None  # id of the parameter whose hook counts the passes
         self.armed: set[int] = set()
         self.handles: list[Any] = []
@@ -507,18 +515,16 @@ class _SilentWatch:
             self._drop_forward()
         if id(param) != self.counted:
             return
-        self.backwards += 1
         cadence = self.cadence
-        if cadence.loops_used or cadence.step > 0 or not cadence.enabled:
+        if cadence.loops_used or cadence.registry.live("optimizers") or not cadence.enabled:
             self.close()
-        elif self.backwards >= self.AFTER:
+            return
+        if not self.said:
+            self.said = True
             site = main_loop_site()
-            logger.warning("ravex: nothing is being saved: %d backward passes and no torch.optim "
-                           "optimizer step, so no training step is counted and no checkpoint "
-                           "taken; `%s` around the training loop's iterable%s counts its "
-                           "iterations as steps", self.backwards, ADVICE,
-                           f" (the loop at {site})" if site else "")
-            self.close()
+            logger.info("ravex: no torch.optim optimizer%s: each backward pass counts as a training "
+                        "step (parameters updated by hand)", f" in the loop at {site}" if site else "")
+        cadence.on_backward_step()
 
     def _drop_forward(self) -> None:
         forward, self.forward = self.forward, None

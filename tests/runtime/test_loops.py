@@ -9,7 +9,6 @@ optimizer) or within its first steps (without one).
 
 from __future__ import annotations
 
-import re
 import signal
 from pathlib import Path
 
@@ -103,18 +102,15 @@ def test_unwrapped_loop_over_sliced_batches_resumes_bitwise_by_itself(tmp_path, 
     assert ADVICE not in second.stderr, second.explain()
 
 
-def test_hand_sgd_without_loop_is_told_nothing_is_saved(tmp_path):
-    """No optimizer, no ravex.loop: nothing would ever be checkpointed. One line says so
-    within the first steps, with the fix and the loop's line; no checkpoint is written."""
-    cwd = _workdir(tmp_path)
-    result = harness.run([harness.PYTHON, str(LM)], cwd,
-                         harness.child_env(T_ENTRY="activate", T_LOOP="0", T_SGD="1"),
-                         kill_on=r"LOSS .* batch 5$")
-    told = [line for line in result.stderr.splitlines() if "nothing is being saved" in line]
-    assert len(told) == 1, result.explain()
-    assert ADVICE in told[0] and f"lm_trainee.py:{_inner_loop_line()}" in told[0]
-    done = harness.run([harness.PYTHON, str(LM)], cwd,
-                       harness.child_env(T_ENTRY="activate", T_LOOP="0", T_SGD="1"))
-    assert done.returncode == 0, done.explain()
-    assert len(re.findall("nothing is being saved", done.stderr)) == 1
-    assert not (cwd / "ckpt" / "steps").exists() or not any((cwd / "ckpt" / "steps").iterdir())
+def test_hand_sgd_without_loop_counts_backward_passes_and_resumes_bitwise(tmp_path, lm_reference):
+    """No optimizer, no ravex.loop (word_language_model's default): each backward pass is a
+    step, checkpoints are taken at the loop's head, and a rerun after SIGKILL runs only the
+    steps after the checkpoint and ends bitwise equal; it is said once, as information."""
+    ref, ref_state = lm_reference(True)
+    first, second, state = _kill_and_rerun(_workdir(tmp_path), 13, T_LOOP="0", T_SGD="1")
+    assert second.resumed_from == 10, second.explain()
+    assert second.losses == ref.losses[10:]
+    harness.assert_same_state(state, ref_state)
+    counted = [line for line in first.stderr.splitlines() if "each backward pass counts" in line]
+    assert len(counted) == 1 and f"lm_trainee.py:{_inner_loop_line()}" in counted[0], first.explain()
+    assert ADVICE not in second.stderr, second.explain()
