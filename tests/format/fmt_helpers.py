@@ -218,3 +218,33 @@ def assemble_zarr(store_root: str | os.PathLike[str], manifests: list, out_dir: 
                 f = d / key
                 f.parent.mkdir(parents=True, exist_ok=True)
                 f.write_bytes(chunk_bytes_of(store_root, ref))
+
+
+class Crash(Exception):
+    """The process 'dies' here."""
+
+
+#: every call of a Storage, writes, syncs and deletes included
+STORAGE_CALLS = ("read", "read_range", "write", "write_pending", "publish", "sync", "exists", "size", "list_dir",
+                 "walk", "delete", "delete_if_older", "remove_empty_dir")
+#: the calls GC makes on a store no writer touches: reads, listings, deletes
+GC_CALLS = ("read", "read_range", "list_dir", "walk", "delete", "delete_if_older", "remove_empty_dir", "exists")
+
+
+def crash_after(storage, calls: int, names: tuple[str, ...] = STORAGE_CALLS) -> list[int]:
+    """Make the ``calls``-th call from now on of ``names`` on ``storage`` raise :class:`Crash`;
+    the returned counter holds how many calls are left before it."""
+    left = [calls]
+    for name in names:
+        orig = getattr(storage, name)
+
+        def wrapped(*args, _orig=orig, **kwargs):
+            left[0] -= 1
+            if left[0] < 0:
+                raise Crash()
+            result = _orig(*args, **kwargs)
+            return list(result) if hasattr(result, "__next__") else result
+
+        setattr(storage, name, wrapped)
+    return left
+

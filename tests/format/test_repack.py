@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _liveness_child import liveness_state
-from fmt_helpers import REPO, assert_same
+from fmt_helpers import REPO, Crash, assert_same, crash_after
 from test_pack_liveness import _age_objects, _table_steps, dead_bytes
 
 import ravex.format.gc as gc_module
@@ -354,32 +354,6 @@ def test_a_damaged_pack_is_not_copied_and_damage_in_dead_bytes_goes_with_the_pac
     else:  # only live bytes are copied: the damage goes with the pack
         assert report.repack.damaged == [] and report.repack.packs >= 1 and not path.exists()
         assert_every_step_reads(root, liveness_state)
-
-
-class Crash(Exception):
-    """The process 'dies' here."""
-
-
-STORAGE_CALLS = ("read", "read_range", "write", "write_pending", "publish", "sync", "exists", "size", "list_dir",
-                 "walk", "delete", "delete_if_older", "remove_empty_dir")
-
-
-def crash_after(storage, calls: int) -> list[int]:
-    """Make the ``calls``-th storage call from now on raise (writes, syncs and deletes included);
-    the returned counter holds how many calls are left before it."""
-    left = [calls]
-    for name in STORAGE_CALLS:
-        orig = getattr(storage, name)
-
-        def wrapped(*args, _orig=orig, **kwargs):
-            left[0] -= 1
-            if left[0] < 0:
-                raise Crash()
-            result = _orig(*args, **kwargs)
-            return list(result) if hasattr(result, "__next__") else result
-
-        setattr(storage, name, wrapped)
-    return left
 
 
 @pytest.fixture(scope="module")

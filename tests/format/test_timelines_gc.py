@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from fmt_helpers import assert_same
+from fmt_helpers import GC_CALLS, Crash, assert_same, crash_after
 
 from ravex.format import open_store
 
@@ -68,28 +68,6 @@ def test_gc_keeps_tags_heads_and_each_timelines_newest(built, tmp_path):
     assert "a@4" in store.gc(keep_last=1, grace_seconds=0).deleted_steps
 
 
-class Crash(Exception):
-    """The process 'dies' here."""
-
-
-def crash_after(storage, calls: int) -> list[int]:
-    """Make the ``calls``-th storage call from now on (reads, listings, deletes) raise; the
-    returned counter holds how many calls are left before it."""
-    left = [calls]
-    for name in ("read", "read_range", "list_dir", "walk", "delete", "delete_if_older", "remove_empty_dir", "exists"):
-        orig = getattr(storage, name)
-
-        def wrapped(*args, _orig=orig, **kwargs):
-            left[0] -= 1
-            if left[0] < 0:
-                raise Crash()
-            result = _orig(*args, **kwargs)
-            return list(result) if hasattr(result, "__next__") else result
-
-        setattr(storage, name, wrapped)
-    return left
-
-
 def check_reads(store, want: dict[str, dict], refs: list[str]) -> None:
     for ref in refs:
         assert_same(store.read(ref), want[ref], ref)
@@ -102,7 +80,7 @@ def test_gc_crashed_at_random_points_never_loses_a_kept_or_tagged_step(built, tm
     rng = random.Random(seed)
     shutil.copytree(root, tmp_path / "count")
     counted = open_store(tmp_path / "count")
-    left = crash_after(counted.storage, 10**6)
+    left = crash_after(counted.storage, 10**6, GC_CALLS)
     counted.gc(keep_last=1, grace_seconds=0)
     calls = 10**6 - left[0]  # storage calls of one whole GC: every one a crash point
     crashed = 0
@@ -110,7 +88,7 @@ def test_gc_crashed_at_random_points_never_loses_a_kept_or_tagged_step(built, tm
         copy = tmp_path / f"t{trial}"
         shutil.copytree(root, copy)
         store = open_store(copy)
-        crash_after(store.storage, rng.randrange(0, calls))
+        crash_after(store.storage, rng.randrange(0, calls), GC_CALLS)
         try:
             store.gc(keep_last=1, grace_seconds=0)
         except Crash:
