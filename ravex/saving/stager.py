@@ -95,6 +95,8 @@ class Stager:
       counter unchanged;
     * inference tensors (made under ``inference_mode``) have no counter at all: they are
       always copied;
+    * parameters updated by hand (``p.data.add_(...)``) in a tree with models and no
+      optimizer: such a tree is staged in full every time;
     * BatchNorm's ``running_mean``/``running_var``: the batch-norm kernels update them in
       place with the counter unchanged, so every model with BatchNorm would trip the probe
       below at each checkpoint. They are recognised by name and always copied (a few
@@ -151,6 +153,8 @@ class Stager:
             self.full = True
             self._warn_once("fused", "ravex: a fused optimizer (fused=True) updates tensors without "
                             "bumping their version counter; every checkpoint copies every tensor")
+        if not self.full and _updated_by_hand(tree):
+            self.full = True  # ``p.data.add_(...)``: no counter moves, and a sample can miss rows
         self._cuda = False
         self._probes: list[tuple[Path, torch.Tensor, tuple[torch.Tensor, Any], int]] = []
         try:
@@ -355,6 +359,13 @@ def _sample_bytes(t: torch.Tensor, k: int) -> bytes:
     if arr.size <= k:
         return arr.tobytes()
     return arr.flat[_positions(arr.size, k)].tobytes()
+
+
+def _updated_by_hand(tree: Any) -> bool:
+    """Whether ``tree`` is a training tree with models and no optimizer: its parameters are
+    updated by hand, typically through ``.data`` (word_language_model's SGD), which bumps no
+    version counter and may change rows the probe does not sample (an embedding's)."""
+    return isinstance(tree, dict) and bool(tree.get("models")) and not tree.get("optimizers")
 
 
 def _has_fused_optimizer(tree: Any) -> bool:

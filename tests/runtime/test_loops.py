@@ -114,3 +114,5 @@ def test_hand_sgd_without_loop_counts_backward_passes_and_resumes_bitwise(tmp_pa
     counted = [line for line in first.stderr.splitlines() if "each backward pass counts" in line]
     assert len(counted) == 1 and f"lm_trainee.py:{_inner_loop_line()}" in counted[0], first.explain()
     assert ADVICE not in second.stderr, second.explain()
+    # updates through .data bump no version counter: such a tree is copied whole, not probed
+    assert "without bumping" not in first.stderr + second.stderr, first.explain()
