@@ -14,6 +14,7 @@ variables back with :func:`put_variables`.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import FrameType
 from typing import Any
@@ -138,6 +139,27 @@ def capture_after(last: dict[str, Any], filename: str, wanted: str | list[str]) 
     frames_out[0]["variables"] = variables if frames_out[0]["code"].split(":")[1] == "<module>" else {}
     frames_out[-1]["after"] = {"loop": loop_line, "line": line}
     return {"mode": "after", "frames": frames_out}
+
+
+def changed(script: dict[str, Any], filename: str) -> str | None:
+    """Why the main script ``filename`` no longer has the loops ``script`` recorded where it
+    recorded them (the script was edited or renamed since), or None when it still has."""
+    for record in script["frames"]:
+        base, name, first = record["code"].rsplit(":", 2)
+        where = f"{base}:{name}"
+        if os.path.basename(filename) != base:
+            return f"the checkpoint was taken in {base}, this run is {os.path.basename(filename)}"
+        for loop in record["loops"]:
+            place = source.place(filename, name, int(first), loop["body"], "head")
+            sites = place.loops if place is not None else ()
+            if not any((s.line, s.body, s.kind) == (loop["line"], loop["body"], loop["kind"]) for s in sites):
+                return f"the {loop['kind']} loop of {where} at line {loop['line']} is no longer there"
+        after = record.get("after")
+        if after is not None:
+            found = source.after_loop(filename, name, int(first), after["loop"])
+            if found is None or found[0] != after["line"]:
+                return f"the loop of {where} at line {after['loop']} is no longer there"
+    return None
 
 
 def describe(script: dict[str, Any]) -> str:

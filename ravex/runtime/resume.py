@@ -110,6 +110,14 @@ class Resume:
                            "forward pass and the loop starts over", self.resumed_from,
                            position.describe(script))
             return False
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        moved = position.changed(script, main_file) if main_file else "the main script has no file"
+        if moved is not None:
+            logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
+                           "checkpoint is restored at the first forward pass and the loop starts "
+                           "over (`resume: never` in ravex.yaml starts afresh)", self.resumed_from,
+                           position.describe(script), moved)
+            return False
         self._reentry = Reentry(script, self._restore_at_position, self._position_lost)
         if script["mode"] == "header":
             self._enumerate = EnumerateFrom()

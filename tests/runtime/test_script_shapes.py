@@ -10,6 +10,7 @@ writes hold what the uninterrupted run's hold.
 
 from __future__ import annotations
 
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,3 +178,21 @@ def test_rerun_of_a_finished_run_trains_nothing_again(name, tmp_path, reference)
     harness.assert_same_state(torch.load(tmp_path / "final.pt", weights_only=False), ref_state)
     assert _files(tmp_path) == before and {k: v[1] for k, v in before.items()} == {
         k: v[1] for k, v in ref_files.items()}
+
+
+def test_a_script_edited_since_the_checkpoint_is_told_and_still_restored(tmp_path):
+    """Lines added above the loop move it: the recorded position is no longer where the source
+    says, so the rerun says so once and restores at the first forward pass, as without a
+    recorded position, instead of waiting for a line that never comes."""
+    shutil.copy(SHAPES / "probe.py", tmp_path)
+    script = tmp_path / "while_globals.py"
+    script.write_text((SHAPES / "while_globals.py").read_text())
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 5\n")
+    argv = [harness.PYTHON, str(script)]
+    first = harness.run(argv, tmp_path, harness.child_env(T_ENTRY="activate", T_BLOCK_AT="12"), kill_on="BLOCKED")
+    assert first.returncode == -signal.SIGKILL, first.explain()
+    script.write_text("# edited\n\n" + script.read_text())
+    second = harness.run(argv, tmp_path, harness.child_env(T_ENTRY="activate"))
+    assert second.returncode == 0 and second.resumed_from == 10, second.explain()
+    told = [line for line in second.stderr.splitlines() if "no longer there" in line]
+    assert len(told) == 1 and "while loop of while_globals.py:<module> at line 56" in told[0], second.explain()
