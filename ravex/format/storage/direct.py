@@ -10,6 +10,11 @@ goes that way; the last partial block is written through the page cache. Where t
 system refuses ``O_DIRECT`` (tmpfs, some FUSE and network file systems) or the buffer is not
 aligned, nothing changes: the caller writes as before. Durability is unchanged too: the
 caller still fsyncs (the tail, the file's size and its name).
+
+Measured (benchmarks/RESULTS.md, scenario (h), 2-core VM shared with other load): a 1.125 GiB
+checkpoint in a training loop that keeps both cores busy cost the loop 0.32 s with direct writes
+against 2.62 s through the page cache (2.77 against 0.26 CPU-s per checkpoint); a bare 1 GiB
+commit took 0.49 s and 0.07 CPU-s against 1.16 s and 0.69 CPU-s.
 """
 
 from __future__ import annotations
