@@ -97,7 +97,7 @@ class Resume:
         there: the rerun is traced back to it, and the first forward pass no longer restores
         (the script may run one before its loop). The first optimizer step still does, should
         the position never come."""
-        if self.world_size > 1:
+        if self.world_size > 1 or not self._candidates or self._written_by_several(self._candidates[0]):
             return False
         tree = self._load_resume()
         script = (tree or {}).get("script")
@@ -124,6 +124,17 @@ class Resume:
             self._enumerate.install()
         self._reentry.start(sys._getframe(1))
         return True
+
+    def _written_by_several(self, step: int) -> bool:
+        """Whether ``step`` was written by several ranks (or holds shards): such a step is read
+        against the live objects (its loaders' lengths, its shards), so not before they exist,
+        and it records no script position to go back to."""
+        assert self.backend is not None
+        try:
+            loaded = self.backend.read_step(step, self.rank, self.world_size)
+        except Exception:  # unreadable: _load_resume falls back and says so
+            return False
+        return loaded is not None and loaded.reader is not None
 
     def drop_enumerate(self) -> None:
         """The resumed epoch is running: ``enumerate`` is the builtin again."""
