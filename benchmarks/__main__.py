@@ -29,6 +29,19 @@ REPO = os.path.dirname(HERE)
 QUICK_MIB = 24
 
 
+
+def _header(suite: str, args: argparse.Namespace) -> dict[str, Any]:
+    """What every result file starts with: the suite, the command that made it, when, the
+    commit and the machine."""
+    return {
+        "suite": suite,
+        "command": "python -m benchmarks " + " ".join(args.argv),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git_rev(REPO),
+        "machine": machine_notes(args.dir),
+        "quick": bool(args.quick),
+    }
+
 def _format(args: argparse.Namespace) -> int:
     res = _format_results(args)
     if res is None:
@@ -75,14 +88,7 @@ def _format_results(args: argparse.Namespace) -> dict[str, Any] | None:
         sections=tuple(args.only.split(",")) if args.only else format_bench.Config.sections, log=log,
     )
     try:
-        res: dict[str, Any] = {
-            "suite": "format",
-            "command": "python -m benchmarks " + " ".join(args.argv),
-            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "git": git_rev(REPO),
-            "machine": machine_notes(args.dir),
-            "quick": bool(args.quick),
-        }
+        res: dict[str, Any] = _header("format", args)
         res.update(format_bench.run(cfg))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -115,14 +121,7 @@ def _scenarios(args: argparse.Namespace) -> int:
     if args.only:
         sections = tuple(args.only.split(","))
     log = (lambda *a: None) if args.silent else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    res: dict[str, Any] = {
-        "suite": args.suite,
-        "command": "python -m benchmarks " + " ".join(args.argv),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git": git_rev(REPO),
-        "machine": machine_notes(args.dir),
-        "quick": bool(args.quick),
-    }
+    res: dict[str, Any] = _header(args.suite, args)
     t0 = time.perf_counter()
     if args.suite == "all" and not args.only:
         fargs = argparse.Namespace(**vars(args))
@@ -196,14 +195,7 @@ def _goodput(args: argparse.Namespace) -> int:
     from . import budget, goodput
 
     log = (lambda *a: None) if args.silent else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    res: dict[str, Any] = {
-        "suite": "goodput",
-        "command": "python -m benchmarks " + " ".join(args.argv),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git": git_rev(REPO),
-        "machine": machine_notes(args.dir),
-        "quick": bool(args.quick),
-    }
+    res: dict[str, Any] = _header("goodput", args)
     os.makedirs(args.dir, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="ravex-goodput-", dir=args.dir)
     try:
