@@ -76,6 +76,7 @@ class Resume:
         #: the script's loop position at this run's last checkpoint (or the one it resumed):
         #: a finished run's exit checkpoint records the line after its loop from it
         self.last_script: tuple[dict[str, Any], str] | None = None  # (position, main script file)
+        self._peeked: tuple[int, Any] | None = None  # (step, what read_step gave) before _load_resume
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -134,6 +135,7 @@ class Resume:
             loaded = self.backend.read_step(step, self.rank, self.world_size)
         except Exception:  # unreadable: _load_resume falls back and says so
             return False
+        self._peeked = (step, loaded)  # read once: _load_resume takes it from here
         return loaded is not None and loaded.reader is not None
 
     def drop_enumerate(self) -> None:
@@ -173,7 +175,9 @@ class Resume:
         for i, step in enumerate(candidates):
             started = time.perf_counter()
             try:
-                loaded = backend.read_step(step, self.rank, self.world_size)
+                peeked, self._peeked = self._peeked, None
+                loaded = peeked[1] if peeked is not None and peeked[0] == step else backend.read_step(
+                    step, self.rank, self.world_size)
                 if loaded is None:
                     raise FileNotFoundError(f"step {step} vanished")
                 if loaded.reader is not None:  # several ranks or shards: read what is ours
