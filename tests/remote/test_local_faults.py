@@ -9,6 +9,7 @@ only when complete). Mounting a tmpfs needs root (or CAP_SYS_ADMIN): skipped oth
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -128,10 +129,42 @@ print(json.dumps(out))
 """
 
 
+_IMPORTED = r"""
+import json, sys
+print(json.dumps(sorted({name.split(".")[0] for name, m in list(sys.modules.items())
+                         if "site-packages" in (getattr(m, "__file__", None) or "")
+                         and not m.__file__.startswith(sys.argv[2])})))
+"""
+
+
+def _copy_dependencies(lib: Path, url: str, base: Path) -> None:
+    """Copy into ``lib`` the installed packages the child's code imports (found by running it
+    as root on a scratch copy of the store): where they are installed (a venv inside a clone
+    under a 0700 folder) may be unreadable to nobody too."""
+    scratch = base / "scratch-store"
+    shutil.copytree(url, scratch)
+    probe = subprocess.run([sys.executable, "-c", _AS_NOBODY + _IMPORTED, str(scratch), str(lib)],
+                           capture_output=True, text=True, timeout=120, cwd=base)
+    assert probe.returncode == 0, probe.stderr
+    shutil.rmtree(scratch)
+    for name in json.loads(probe.stdout.strip().splitlines()[-1]):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        if spec.submodule_search_locations:
+            src = Path(next(iter(spec.submodule_search_locations)))
+            shutil.copytree(src, lib / src.name, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+            vendored = src.with_name(f"{src.name}.libs")  # wheels' bundled shared libraries
+            if vendored.is_dir():
+                shutil.copytree(vendored, lib / vendored.name)
+        else:
+            shutil.copy(spec.origin, lib)
+
+
 def test_permission_denied_as_unprivileged_user():
     """The writer runs as nobody (uid 65534) on a store only root may write. The child imports
-    a copy of the ravex package made in the world-readable temp folder, so the test does not
-    depend on where the checkout sits (a clone under a 0700 folder is unreadable to nobody)."""
+    a copy of the ravex package and of the packages it uses, made in the world-readable temp
+    folder, so the test does not depend on where the checkout or its venv sit (a clone under a
+    0700 folder is unreadable to nobody)."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv(1) to run the writer as an unprivileged user")
@@ -144,6 +177,7 @@ def test_permission_denied_as_unprivileged_user():
             w.commit(1, _tree(1, 0.2))
         lib = base / "lib"
         shutil.copytree(Path(ravex.__file__).parent, lib / "ravex", ignore=shutil.ignore_patterns("__pycache__"))
+        _copy_dependencies(lib, url, base)
         for d, dirs, files in os.walk(base):  # readable by all, writable by root only
             for name in dirs:
                 os.chmod(os.path.join(d, name), 0o755)
