@@ -104,16 +104,18 @@ class Cadence(Resume):
         self.registry.set_optimizer_steps(optimizer, n)
         if n <= self.step:
             return
-        self._count_step(n)
-        if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
-            self._await_loop_head()
+        self._step_done(n)
 
     def on_backward_step(self) -> None:
-        """A backward pass of a loop without an optimizer (:class:`_BackwardSteps`): a step,
-        its checkpoint taken where the next iteration starts (or at the DataLoader's next)."""
+        """A backward pass of a loop without an optimizer (:class:`_BackwardSteps`): a step."""
         if not self.enabled:
             return
-        self._count_step(self.step + 1)
+        self._step_done(self.step + 1)
+
+    def _step_done(self, n: int) -> None:
+        """Step ``n`` is done; a checkpoint it makes due, in a loop that neither a DataLoader
+        nor ``ravex.loop`` marks, is taken where the script's loop starts its next iteration."""
+        self._count_step(n)
         if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
             self._await_loop_head()
 
@@ -198,11 +200,14 @@ class Cadence(Resume):
         finally:
             self._head_frame = None
 
-    def _stop_position_tracing(self) -> None:
-        """Shutdown: no trace function, no ``enumerate`` of ours left behind."""
+    def _stop_head_watch(self) -> None:
         watch, self._head_watch = self._head_watch, None
         if watch is not None:
             watch.stop()
+
+    def _stop_position_tracing(self) -> None:
+        """Shutdown: no trace function, no ``enumerate`` of ours left behind."""
+        self._stop_head_watch()
         if self._reentry is not None:
             self._reentry.stop()
         self.drop_enumerate()
@@ -314,9 +319,7 @@ class Cadence(Resume):
         """
         self._due = False
         self._last_time = time.monotonic()
-        watch, self._head_watch = self._head_watch, None
-        if watch is not None:
-            watch.stop()
+        self._stop_head_watch()
         if not force and self.step == self.last_checkpoint_step:
             return False
         breaker = self.breaker

@@ -32,6 +32,12 @@ def is_main(frame: FrameType) -> bool:
     return frame.f_globals.get("__name__") == "__main__"
 
 
+def main_file() -> str | None:
+    """The main script's path, while it runs (the interpreter removes ``__main__.__file__``
+    once the script has ended); None for an interactive session or ``-c``."""
+    return getattr(sys.modules.get("__main__"), "__file__", None)
+
+
 def main_frames(frame: FrameType | None) -> list[FrameType]:
     """The main script's frames from ``frame`` outward, outermost first."""
     found = []

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
+from . import frames
 from .registry import Registry
 
 
@@ -125,7 +126,7 @@ def main_loop_site(frame: FrameType | None = None) -> str | None:
     """``file:line`` of the loop the main script is running, found from the frame stack:
     the innermost frame of the ``__main__`` script whose current line lies inside a
     ``for`` or ``while`` statement; None where there is no such frame."""
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    main = frames.main_file()
     if not main:
         return None
     main = os.path.realpath(main)

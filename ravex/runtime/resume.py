@@ -111,7 +111,7 @@ class Resume:
                            "forward pass and the loop starts over", self.resumed_from,
                            position.describe(script))
             return False
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        main_file = frames.main_file()
         moved = position.changed(script, main_file) if main_file else "the main script has no file"
         if moved is not None:
             logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
@@ -245,7 +245,7 @@ class Resume:
         logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
                     (time.perf_counter() - started) * 1000)
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        main_file = frames.main_file()
         if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
             self.last_script = (tree["script"], main_file)
         if self._reentry is not None:
