@@ -80,6 +80,16 @@ def spec_reader():
     return namespace["read_array"]
 
 
+def assert_refs_name_present_objects(root: Path, step: int) -> None:
+    """Every object a step's ``refs.json`` names exists (repacking rewrites it too)."""
+    refs = root / "steps" / str(step) / "refs.json"
+    if refs.exists():
+        for ref in json.loads(refs.read_text())["refs"].values():
+            if isinstance(ref, list):
+                obj = ref[0].rsplit("/", 1)[-1]
+                assert (root / "objects" / obj[:2] / obj).exists(), f"step {step} refs.json names {obj}"
+
+
 def assert_every_step_reads(root: Path, state) -> None:
     """Every complete step, by Ravex and by the spec's sketch, bit-exact; validate finds no error;
     a refs.json names only objects that exist."""
@@ -95,12 +105,7 @@ def assert_every_step_reads(root: Path, state) -> None:
             group, name = path.split("/", 1)
             got = read_array(root, {"zarr": entry.zarr, "chunks": {k: c.to_json() for k, c in entry.chunks.items()}})
             assert got.tobytes() == want[group][name].tobytes(), f"step {step} {path} by the spec's reader"
-        refs = root / "steps" / str(step) / "refs.json"
-        if refs.exists():
-            for ref in json.loads(refs.read_text())["refs"].values():
-                if isinstance(ref, list):
-                    obj = ref[0].rsplit("/", 1)[-1]
-                    assert (root / "objects" / obj[:2] / obj).exists(), f"step {step} refs.json names {obj}"
+        assert_refs_name_present_objects(root, step)
     report = validate(store, full=True)
     assert report.ok, [f.message for f in report.findings if f.severity == "error"]
 
@@ -303,12 +308,7 @@ def test_two_ranks_and_a_forked_timeline_are_repacked_whole(tmp_path, without_li
     for step in fresh.complete_steps():
         for r in (0, 1):
             assert_same(fresh.read(step, rank=r), rank_state(step, r), f"step {step} rank {r}")
-        refs = root / "steps" / str(step) / "refs.json"
-        if refs.exists():
-            for ref in json.loads(refs.read_text())["refs"].values():
-                if isinstance(ref, list):
-                    obj = ref[0].rsplit("/", 1)[-1]
-                    assert (root / "objects" / obj[:2] / obj).exists(), f"step {step} refs.json names {obj}"
+        assert_refs_name_present_objects(root, step)
     other = open_store(root).on_timeline("b")
     for step in (11, 12):
         assert_same(other.read(step), rank_state(step + 100, 0))
