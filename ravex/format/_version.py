@@ -9,6 +9,9 @@ from .errors import FormatVersionError
 FORMAT_NAME = "ravex"
 #: Written into every ``ravex.json`` and manifest. Minor versions only add fields.
 SPEC_VERSION = "1.0"
+#: Written into a manifest that holds a chunk table (spec §5.1), and only there: every other
+#: manifest stays readable by 1.0 readers.
+TABLE_SPEC_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
 
 

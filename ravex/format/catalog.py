@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from .chunktable import ChunkTable
 from .errors import ManifestError, RavexError, StepNotFoundError
 from .manifest import Manifest, merge_arrays
 from .names import is_decimal, manifest_key, manifest_ranks, step_dir
@@ -275,8 +276,10 @@ class StoreCatalog:
 
 def _parsed_bytes(m: Manifest) -> int:
     """Rough memory of a parsed manifest: ~2 KiB per array (its zarr.json as dicts), ~350 bytes
-    per chunk entry (key, ChunkRef, digest string)."""
-    return 4096 + sum(2048 + 350 * len(entry.chunks) for entry in m.arrays.values())
+    per chunk entry of a map (key, ChunkRef, digest string), ~100 per row of a chunk table (its
+    columns, and the hex of its digests once a reader asks for one)."""
+    return 4096 + sum(2048 + (100 if isinstance(entry.chunks, ChunkTable) else 350) * len(entry.chunks)
+                      for entry in m.arrays.values())
 
 
 def _missing_ranks(ranks: list[int], world: int, show: int = 8) -> str:

@@ -204,7 +204,7 @@ def gc(
                     report.skipped_objects_because = f"step {_ref(name, step)} {manifest_name}: {exc}"
                     return report
                 for entry in m.arrays.values():
-                    referenced.update(c.object for c in entry.chunks.values() if c.object)
+                    referenced |= entry.object_names()
                 present.append(PresentManifest(view, step, rank, m, complete, (name, step) in candidates,
                                                REFS_NAME in files.files))
 

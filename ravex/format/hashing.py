@@ -21,3 +21,8 @@ DIGEST_HEX_LEN = 32
 def digest(data: bytes | bytearray | memoryview) -> str:
     """Hex XXH3-128 digest of ``data`` (any C-contiguous buffer)."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def digest_bytes(data: bytes | bytearray | memoryview) -> bytes:
+    """The same digest as 16 bytes (its hex is :func:`digest`'s): a chunk table's ``raw`` column."""
+    return xxhash.xxh3_128_digest(data)

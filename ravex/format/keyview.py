@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._version import SPEC_VERSION
+from .chunkref import ChunkRef
 from .codecs import pipeline
 from .dtypes import BY_NAME, data_type
 from .errors import CorruptObjectError
 from .hashing import digest
-from .manifest import ArrayEntry, ChunkRef
+from .manifest import ArrayEntry
 from .names import object_key
 
 if TYPE_CHECKING:

@@ -7,74 +7,27 @@ storage, so a hostile manifest cannot make a reader touch a path outside the sto
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._version import SPEC_VERSION, check_version
+from .chunkref import ChunkRef
+from .chunktable import ChunkTable
 from .errors import CorruptObjectError, ManifestError
 from .hashing import DIGEST_HEX_LEN, HASH_NAME
-from .names import check_array_path, check_object_name
+from .names import check_array_path
 
 MANIFEST_FORMAT = "ravex-manifest"
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """Where one chunk's encoded bytes live: a whole object, a byte range of a pack
-    object (``offset`` set), or inline in the manifest.
-
-    ``raw`` is the digest of the chunk's *decoded* bytes: a writer compares it to
-    decide, without encoding or any storage round trip, that a chunk is unchanged,
-    and a reader checks every decoded chunk against it.
-    """
-
-    raw: str
-    size: int
-    object: str | None = None
-    inline: bytes | None = None
-    offset: int | None = None  # set only for chunks packed with others into one object
-
-    def to_json(self) -> dict[str, Any]:
-        if self.inline is not None:
-            return {"inline": base64.b64encode(self.inline).decode("ascii"), "raw": self.raw}
-        if self.offset is not None:
-            return {"object": self.object, "offset": self.offset, "size": self.size, "raw": self.raw}
-        return {"object": self.object, "size": self.size, "raw": self.raw}
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str, known_objects: set[str] | None = None) -> ChunkRef:
-        """Parse and check one chunk entry; an object name it checks joins ``known_objects``."""
-        if not isinstance(doc, dict):
-            raise ManifestError(f"{where}: chunk entry must be an object, got {doc!r}")
-        raw = doc.get("raw")
-        if not isinstance(raw, str) or len(raw) != DIGEST_HEX_LEN:
-            raise ManifestError(f"{where}: chunk entry has no valid 'raw' digest")
-        if "inline" in doc:
-            try:
-                data = base64.b64decode(doc["inline"], validate=True)
-            except (TypeError, ValueError) as exc:
-                raise ManifestError(f"{where}: bad inline chunk: {exc}") from None
-            return cls(raw=raw, size=len(data), inline=data)
-        size = doc.get("size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ManifestError(f"{where}: chunk entry has no valid 'size'")
-        offset = doc.get("offset")
-        if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool) or offset < 0):
-            raise ManifestError(f"{where}: chunk entry has an invalid 'offset'")
-        name = check_object_name(doc.get("object"), where)
-        if known_objects is not None:
-            known_objects.add(name)
-        return cls(raw=raw, size=size, object=name, offset=offset)
 
 
 _json_str = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
 
 
-def _chunks_json(chunks: dict[str, ChunkRef]) -> str:
+def _chunks_json(chunks: Mapping[str, ChunkRef]) -> str:
     """``json.dumps({k: c.to_json() ...}, separators=(",", ":"))`` without the dicts: the same
     text, an f-string per entry. Strings go through json's own encoder; an entry that is not
     plain (inline bytes, a field of an unexpected type) is written by ``json.dumps`` itself."""
@@ -95,10 +48,11 @@ def _chunks_json(chunks: dict[str, ChunkRef]) -> str:
 
 @dataclass(frozen=True)
 class ArrayEntry:
-    """One Zarr v3 array (or this rank's part of one): metadata plus chunk map."""
+    """One Zarr v3 array (or this rank's part of one): metadata plus chunk map, which is a
+    :class:`ChunkTable` where the manifest holds the array's entries as a table (§5.1)."""
 
     zarr: dict[str, Any]
-    chunks: dict[str, ChunkRef]
+    chunks: Mapping[str, ChunkRef]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -107,6 +61,11 @@ class ArrayEntry:
     @property
     def chunk_shape(self) -> tuple[int, ...]:
         return tuple(self.zarr["chunk_grid"]["configuration"]["chunk_shape"])
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Chunks along each dimension."""
+        return _grid(self.zarr)
 
     @property
     def data_type(self) -> str:
@@ -119,7 +78,21 @@ class ArrayEntry:
         return codecs
 
     def stored_bytes(self) -> int:
+        if isinstance(self.chunks, ChunkTable):
+            return self.chunks.stored_bytes()
         return sum(c.size for c in self.chunks.values())
+
+    def object_names(self) -> set[str]:
+        """The objects this array's chunks read."""
+        if isinstance(self.chunks, ChunkTable):
+            return self.chunks.used_objects()
+        return {c.object for c in self.chunks.values() if c.object is not None}
+
+    def chunks_json(self) -> dict[str, Any]:
+        """The entry's chunk member as the manifest writes it: ``{"table": ...}`` or ``{"chunks": ...}``."""
+        if isinstance(self.chunks, ChunkTable):
+            return {"table": self.chunks.to_json()}
+        return {"chunks": {k: c.to_json() for k, c in self.chunks.items()}}
 
 
 @dataclass(frozen=True)
@@ -141,10 +114,7 @@ class Manifest:
         return {
             **self._header(),
             "arrays": {
-                path: {
-                    "zarr": entry.zarr,
-                    "chunks": {k: c.to_json() for k, c in entry.chunks.items()},
-                }
+                path: {"zarr": entry.zarr, **entry.chunks_json()}
                 for path, entry in self.arrays.items()
             },
         }
@@ -174,8 +144,12 @@ class Manifest:
         for i, (path, entry) in enumerate(self.arrays.items()):
             parts.append(f'{"," if i else ""}{_json_str(path)}:{{"zarr":')
             parts.append(json.dumps(entry.zarr, separators=(",", ":"), allow_nan=False))
-            parts.append(',"chunks":')
-            parts.append(_chunks_json(entry.chunks))
+            if isinstance(entry.chunks, ChunkTable):
+                parts.append(',"table":')
+                parts.append(entry.chunks.to_json_text())
+            else:
+                parts.append(',"chunks":')
+                parts.append(_chunks_json(entry.chunks))
             parts.append("}")
         parts.append("}}")
         return "".join(parts).encode()
@@ -215,14 +189,16 @@ class Manifest:
             check_array_path(path, at)
             if not isinstance(entry, dict) or not isinstance(entry.get("zarr"), dict):
                 raise ManifestError(f"{at}: entry has no 'zarr' metadata")
-            chunks = entry.get("chunks")
-            if not isinstance(chunks, dict):
-                raise ManifestError(f"{at}: entry has no 'chunks' map")
             _check_zarr_meta(entry["zarr"], at)
-            arrays[path] = ArrayEntry(
-                zarr=entry["zarr"],
-                chunks=_chunk_map(chunks, at, known_objects),
-            )
+            chunks = entry.get("chunks")
+            parsed: Mapping[str, ChunkRef]
+            if "table" in entry and chunks is None:
+                parsed = ChunkTable.from_json(entry["table"], _grid(entry["zarr"]), f"{at} table", known_objects)
+            elif isinstance(chunks, dict):
+                parsed = _chunk_map(chunks, at, known_objects)
+            else:
+                raise ManifestError(f"{at}: entry has no 'chunks' map")
+            arrays[path] = ArrayEntry(zarr=entry["zarr"], chunks=parsed)
             _check_stored_sizes(arrays[path], at)
         for name in ("metadata", "stats"):
             if not isinstance(doc.get(name) or {}, dict):
@@ -270,6 +246,12 @@ def _check_zarr_meta(meta: dict[str, Any], where: str) -> None:
         raise ManifestError(f"{where}: malformed zarr.json metadata")
 
 
+def _grid(meta: dict[str, Any]) -> tuple[int, ...]:
+    """Chunks along each dimension of a checked ``zarr.json``."""
+    shape, chunk_shape = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
+    return tuple(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -288,6 +270,11 @@ def _check_stored_sizes(entry: ArrayEntry, where: str) -> None:
     for n in entry.chunk_shape:
         decoded *= n
     limit = decoded + decoded // 64 + 4096
+    if isinstance(entry.chunks, ChunkTable):
+        if len(entry.chunks) and int(entry.chunks.size.max()) > limit:
+            raise ManifestError(f"{where}: a table row's stored size is larger than a chunk of shape "
+                                f"{list(entry.chunk_shape)} can encode to; the manifest is corrupt")
+        return
     for key, ref in entry.chunks.items():
         if ref.size > limit:
             raise ManifestError(
@@ -327,6 +314,8 @@ def _check_chunk_key(key: str, where: str) -> str:
 def merge_arrays(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
     """Union of the ranks' arrays; metadata must agree, a chunk may come from one rank only
     (or from several with identical content)."""
+    if len(manifests) == 1:  # nothing to merge: a table in small chunks stays a table
+        return dict(manifests[0].arrays)
     merged: dict[str, ArrayEntry] = {}
     for m in manifests:
         for path, entry in m.arrays.items():
@@ -336,6 +325,7 @@ def merge_arrays(manifests: list[Manifest]) -> dict[str, ArrayEntry]:
                 continue
             if have.zarr != entry.zarr:
                 raise ManifestError(f"step {m.step} rank {m.rank}: tensor {path!r} metadata differs between ranks")
+            assert isinstance(have.chunks, dict)
             for key, ref in entry.chunks.items():
                 other = have.chunks.setdefault(key, ref)
                 if other.raw != ref.raw:
@@ -356,6 +346,8 @@ def check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
     else:
         expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
     grid = [math.ceil(s / c) if c > 0 else 0 for s, c in zip(shape, chunk_shape, strict=True)]
+    if isinstance(entry.chunks, ChunkTable) and list(entry.chunks.grid) == grid and len(entry.chunks) == expected:
+        return
     if (
         any(c <= 0 for c in chunk_shape)
         or len(entry.chunks) != expected
@@ -367,7 +359,7 @@ def check_chunks_present(path: str, entry: ArrayEntry, step: int) -> None:
         )
 
 
-def _exactly_the_grid(chunks: dict[str, Any], grid: list[int]) -> bool:
+def _exactly_the_grid(chunks: Mapping[str, Any], grid: list[int]) -> bool:
     """Whether the chunk keys (as many as the grid has cells) are the grid's keys."""
     if not grid:  # a scalar: one chunk, key "c"
         return list(chunks) == ["c"]

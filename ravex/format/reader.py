@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .chunkref import ChunkRef
 from .codecs import Pipeline, pipeline
 from .dtypes import data_type
 from .errors import ArrayNotFoundError, CorruptObjectError, ManifestError
 from .hashing import digest
-from .manifest import ArrayEntry, ChunkRef, Manifest, check_chunks_present, merge_arrays
+from .manifest import ArrayEntry, Manifest, check_chunks_present, merge_arrays
 from .names import object_key
 from .values import decode_value
 

@@ -37,10 +37,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from .chunkref import ChunkRef
+from .chunktable import ChunkTable
 from .codecs import pipeline
 from .dtypes import data_type
 from .errors import RavexError
 from .hashing import digest
+from .manifest import ArrayEntry
 from .names import check_object_name, object_key
 from .refs import REFS_NAME, write_refs
 
@@ -67,7 +72,7 @@ WHILE_WRITING_MIN_DEAD = 0.5
 REPACK_TARGET_BYTES = 4 << 20
 #: Manifest versions whose chunk entries this code knows all the members of: only those are
 #: rewritten (a newer minor might add a member tied to where the bytes are).
-REWRITABLE_VERSIONS = frozenset({"1.0", "1.1"})
+REWRITABLE_VERSIONS = frozenset({"1.0", "1.1", "1.2"})
 _PACKED_MEMBERS = frozenset({"object", "offset", "size", "raw"})
 
 #: A manifest as GC knows it: (timeline, step, rank).
@@ -195,6 +200,9 @@ class _Scan:
     hundreds of thousands per manifest, and GC runs after every checkpoint: one cheap pass)."""
 
     ranges: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # per pack, ranges named
+    #: per pack, the (offset, size) ranges chunk tables name (§5.1), as arrays: a table names
+    #: ~100k ranges, which GC after every commit must not turn into Python tuples
+    table_ranges: dict[str, list[np.ndarray]] = field(default_factory=dict)
     whole: set[str] = field(default_factory=set)  # objects named whole
     #: packs a manifest names that GC must not rewrite now (incomplete step, a version it does not
     #: know in full, or a base step while a writer may run)
@@ -208,6 +216,13 @@ class _Scan:
             stuck = (not pm.complete or pm.manifest.version not in REWRITABLE_VERSIONS
                      or (protect_bases and pm.base_candidate))
             for entry in pm.manifest.arrays.values():
+                if isinstance(entry.chunks, ChunkTable):
+                    for pack, pairs in _table_ranges(entry.chunks):
+                        scan.table_ranges.setdefault(pack, []).append(pairs)
+                        ranges.setdefault(pack, set())
+                        if stuck:
+                            blocked.add(pack)
+                    continue
                 for ref in entry.chunks.values():
                     name = ref.object
                     if name is None:
@@ -224,7 +239,9 @@ class _Scan:
         return scan
 
     def dead(self, name: str, size: int) -> int:
-        return 0 if name in self.whole else max(0, size - _live_bytes(self.ranges.get(name, ())))
+        if name in self.whole:
+            return 0
+        return max(0, size - _live_bytes(self.ranges.get(name, ()), self.table_ranges.get(name, ())))
 
     def totals(self, sizes: dict[str, int]) -> tuple[int, int]:
         """(bytes no manifest reads, all bytes) of the named objects that ``sizes`` lists."""
@@ -242,18 +259,44 @@ def _users(present: Iterable[PresentManifest], packs: set[str]) -> dict[str, Use
     users: dict[str, Users] = {}
     for pm in present:
         for path, entry in pm.manifest.arrays.items():
-            for key, ref in entry.chunks.items():
+            refs: Iterable[tuple[str, ChunkRef]] = entry.chunks.items()
+            if isinstance(entry.chunks, ChunkTable):
+                refs = _table_refs_in(entry.chunks, packs)
+            for key, ref in refs:
                 if ref.object in packs and ref.offset is not None:
                     users.setdefault(ref.object, {}).setdefault((ref.offset, ref.size), []).append((pm, path, key))
     return users
 
 
-def _live_bytes(ranges: Iterable[tuple[int, int]]) -> int:
-    live = end = 0
-    for offset, size in sorted(ranges):
-        live += max(0, offset + size - max(offset, end))
-        end = max(end, offset + size)
-    return live
+def _live_bytes(ranges: Iterable[tuple[int, int]], arrays: Iterable[np.ndarray] = ()) -> int:
+    """Bytes of the union of ``(offset, size)`` ranges, given as tuples and as (n, 2) arrays."""
+    parts = [np.asarray(sorted(ranges), dtype=np.int64).reshape(-1, 2), *arrays]
+    pairs = np.concatenate(parts)
+    if not pairs.size:
+        return 0
+    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+    starts, ends = pairs[:, 0], pairs[:, 0] + pairs[:, 1]
+    reach = np.maximum.accumulate(ends)  # the furthest any range up to this one ends
+    before = np.concatenate(([0], reach[:-1]))
+    return int(np.maximum(0, ends - np.maximum(starts, before)).sum())
+
+
+def _table_ranges(table: ChunkTable) -> list[tuple[str, np.ndarray]]:
+    """Per pack a table names, the distinct (offset, size) ranges its rows read, as (n, 2) arrays."""
+    obj, offset, size = table.pack_ranges()  # sorted by object, then offset
+    cuts = np.flatnonzero(np.diff(obj)) + 1
+    pairs = np.stack([offset, size], axis=1)
+    return [(table.objects[int(o[0])], p) for o, p in zip(np.split(obj, cuts), np.split(pairs, cuts), strict=True)
+            if o.size]
+
+
+def _table_refs_in(table: ChunkTable, packs: set[str]) -> list[tuple[str, ChunkRef]]:
+    """(chunk key, entry) of the rows of ``table`` whose bytes are in one of ``packs``."""
+    doomed = [i for i, name in enumerate(table.objects) if name in packs]
+    if not doomed:
+        return []
+    keys = list(table)
+    return [(keys[row], table.ref(row)) for row in np.flatnonzero(np.isin(table.obj, doomed)).tolist()]
 
 
 def dead_bytes(present: Iterable[PresentManifest], sizes: dict[str, int]) -> tuple[int, int]:
@@ -364,8 +407,7 @@ def repack(
     rewritten_steps: dict[tuple[str, int], PresentManifest] = {}
     failed: set[str] = set()
     for pm in present:
-        named = {ref.object for e in pm.manifest.arrays.values() for ref in e.chunks.values()
-                 if ref.object is not None} & chosen_set
+        named = {name for e in pm.manifest.arrays.values() for name in e.object_names()} & chosen_set
         if not named:
             continue
         try:
@@ -432,7 +474,12 @@ def _rewrite(storage: Storage, pm: PresentManifest, moved: dict[tuple[str, int, 
     doc = json.loads(storage.read(key))
     if doc.get("version") not in REWRITABLE_VERSIONS:
         raise ValueError(f"manifest version {doc.get('version')!r} is not one this GC rewrites")
-    for array in doc["arrays"].values():
+    for path, array in doc["arrays"].items():
+        if "table" in array and "chunks" not in array:
+            grid = ArrayEntry(zarr=array["zarr"], chunks={}).grid
+            table = ChunkTable.from_json(array["table"], grid, f"{key} tensor {path!r}", set())
+            array["table"] = _moved_table(table, moved, chosen).to_json()
+            continue
         for entry in array["chunks"].values():
             name = entry.get("object")
             if name not in chosen:
@@ -447,3 +494,25 @@ def _rewrite(storage: Storage, pm: PresentManifest, moved: dict[tuple[str, int, 
     if not storage.exists(key):  # its step was deleted meanwhile: do not bring it back
         raise ValueError("the manifest is gone")
     storage.write(key, data)
+
+
+def _moved_table(table: ChunkTable, moved: dict[tuple[str, int, int], tuple[str, int]],
+                 chosen: set[str]) -> ChunkTable:
+    """``table`` with its rows in ``chosen`` packs where ``moved`` says (refusing, as for a map
+    entry, a range that was not copied); the objects no row reads any more are dropped."""
+    objects = list(table.objects)
+    index = {name: i for i, name in enumerate(objects)}
+    obj, offset = table.obj.copy(), table.offset.copy()
+    doomed = [i for i, name in enumerate(table.objects) if name in chosen]
+    for row in np.flatnonzero(np.isin(table.obj, doomed)).tolist():
+        name, at, size = table.objects[int(obj[row])], int(offset[row]), int(table.size[row])
+        target = moved.get((name, at, size))
+        if target is None:
+            raise ValueError(f"bytes [{at}, +{size}) of {name} were not copied")
+        obj[row] = index.setdefault(target[0], len(index))
+        offset[row] = target[1]
+    objects = list(index)
+    used = np.unique(obj)
+    remap = np.zeros(len(objects), np.uint32)
+    remap[used] = np.arange(used.size, dtype=np.uint32)
+    return table.with_objects(tuple(objects[i] for i in used.tolist()), remap[obj], offset)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .names import object_key
 
 if TYPE_CHECKING:
-    from .manifest import ChunkRef
+    from .chunkref import ChunkRef
     from .store import CheckpointStore
 
 #: Key prefix, in the context's memory kvstore, of chunks that have no object of their own.

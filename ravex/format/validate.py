@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .chunkref import ChunkRef
 from .codecs import pipeline
 from .dtypes import data_type
 from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFoundError, UnsafeNameError
 from .hashing import digest
 from .keyview import decoded_chunk_size
-from .manifest import ArrayEntry, ChunkRef, Manifest
+from .manifest import ArrayEntry, Manifest
 from .names import check_object_name, manifest_ranks, object_key
 from .storage import Storage
 from .summary import Progress, no_progress

@@ -23,21 +23,25 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import clock
+from ._version import SPEC_VERSION, TABLE_SPEC_VERSION
+from .chunkref import ChunkRef
+from .chunktable import ChunkTable, table_of
 from .codecs import codecs_for, parse_compression, pipeline
 from .dtypes import DataType, from_numpy
 from .errors import RavexError, UnsupportedValueError
 from .gc import DEFAULT_GRACE_SECONDS
 from .hashing import digest
-from .manifest import ArrayEntry, ChunkRef, Manifest
+from .manifest import ArrayEntry, Manifest
 from .names import escape_key, object_key
 from .refs import refs_worth_writing, write_refs
+from .tabledelta import TABLE_MIN_CHUNKS, TableDelta, hash_rows, pad, row_batches, row_view
 from .values import encode_value
 
 if TYPE_CHECKING:
@@ -138,14 +142,33 @@ class _Small:
 
 @dataclass
 class _PlannedArray:
+    """One array of the commit: its metadata, and its raw bytes as ``count`` chunks of
+    ``chunk_len`` along dimension 0 (the last one short, padded when hashed) starting at grid
+    index ``first``."""
+
     path: str
     dtype: DataType
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     codecs: list[dict[str, Any]]
-    chunks: list[tuple[str, memoryview]]  # (chunk key, raw bytes; an edge chunk is padded when hashed)
+    flat: memoryview
+    count: int
+    first: int
     chunk_len: int  # bytes of a full chunk
     logical_bytes: int
+    table: bool = False  # written as a chunk table (spec §5.1)
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return tuple(math.ceil(s / c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
+
+    def chunk_list(self) -> list[tuple[str, memoryview]]:
+        """(chunk key, raw bytes) of each chunk."""
+        if not self.shape:
+            return [("c", self.flat)]
+        tail = "/0" * (len(self.shape) - 1)
+        n = self.chunk_len
+        return [(f"c/{self.first + i}{tail}", self.flat[i * n : (i + 1) * n]) for i in range(self.count)]
 
 
 class StepWriter:
@@ -162,6 +185,7 @@ class StepWriter:
         run: str | None = None,
         delta: bool = True,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        tables: bool = True,
     ) -> None:
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -174,7 +198,11 @@ class StepWriter:
         self.run = run or uuid.uuid4().hex
         self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
         self.delta = delta  # False: every commit stores every chunk anew (no reuse)
+        #: False: every array's chunks as a JSON map, readable by 1.0 and 1.1 readers (spec §16)
+        self.tables = tables
         self._base: dict[str, dict[str, ChunkRef]] | None = None if delta else {}
+        #: per table array (§5.1) of the base: its table, under its codec chain
+        self._tables: dict[str, dict[str, ChunkTable]] = {}
         #: per pack object the base names: the bytes its chunk entries cover, and where the
         #: last of them ends (a lower bound of the pack's size)
         self._base_packs: dict[str, tuple[int, int]] = {}
@@ -199,14 +227,15 @@ class StepWriter:
 
     # ---- delta base --------------------------------------------------------------------
 
-    def _load_base(self) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, tuple[int, int]]]:
+    def _load_base(self) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, dict[str, ChunkTable]],
+                                  dict[str, tuple[int, int]]]:
         latest = self.store.latest_step()
         if latest is None:
-            return {}, {}
+            return {}, {}, {}
         try:
             return _reuse_index(self.store.manifest(latest, self.rank))
         except (RavexError, OSError):
-            return {}, {}  # a rank that did not exist then, or an unreadable base: write in full
+            return {}, {}, {}  # a rank that did not exist then, or an unreadable base: write in full
 
     # ---- commit ------------------------------------------------------------------------
 
@@ -236,8 +265,9 @@ class StepWriter:
             and not self.store.step_info(self._base_step).complete
         ):
             self._base, self._base_step = None, None  # a base GC may be collecting: start afresh
+            self._tables = {}
         if self._base is None:
-            self._base, self._base_packs = self._load_base()
+            self._base, self._tables, self._base_packs = self._load_base()
         planned: dict[str, _PlannedArray] = {}
 
         def on_array(value: Any, path: tuple[Any, ...]) -> str:
@@ -288,10 +318,9 @@ class StepWriter:
             return ChunkRef(raw=raw_digest, size=size, object=name), fresh
 
         def run_batch(arr: _PlannedArray, batch: list[tuple[str, memoryview]]) -> list[tuple[ChunkRef | _Small, bool]]:
-            """Several chunks of one array in one task: thousands of small chunks (a sparse
-            table's) would otherwise spend more time in the pool than in hashing.
-            Every chunk is hashed and looked up here, in one tight loop (an unchanged chunk of a
-            sparse table costs that and nothing else); a chunk not found goes to ``run_chunk``."""
+            """Several chunks of one array in one task: thousands of small chunks would otherwise
+            spend more time in the pool than in hashing. Every chunk is hashed and looked up
+            here, in one tight loop; a chunk not found goes to ``run_chunk``."""
             pipe = pipeline(arr.codecs)
             reusable = base.get(pipe.codecs_json, {})
             full = arr.chunk_len
@@ -300,10 +329,7 @@ class StepWriter:
             try:
                 t0 = time.perf_counter()
                 for _key, raw in batch:
-                    if raw.nbytes != full:  # a Zarr edge chunk is stored at full size: pad it here,
-                        padded = bytearray(full)  # in the worker, so padding costs a chunk per thread
-                        padded[: raw.nbytes] = raw
-                        raw = memoryview(padded)
+                    raw = pad(raw, full)
                     raw_digest = digest(raw)
                     hit = reusable.get(raw_digest)
                     if hit is not None:
@@ -317,41 +343,65 @@ class StepWriter:
             finally:
                 timings.add(hash=t[0], encode=t[1], write=t[2])
 
-        jobs = [
-            (arr, batch, self._pool.submit(run_batch, arr, batch))
-            for arr in planned.values()
-            for batch in _batches(arr)
-        ]
-        chunk_maps: dict[str, dict[str, ChunkRef]] = {path: {} for path in planned}
-        small: list[tuple[str, str, _Small]] = []
+        def hash_table(arr: _PlannedArray, lo: int, hi: int) -> bytes:
+            t0 = time.perf_counter()
+            try:
+                return hash_rows(arr.flat, arr.chunk_len, lo, hi)
+            finally:
+                timings.add(hash=time.perf_counter() - t0)
+
+        tables = [arr for arr in planned.values() if arr.table]
+        jobs: list[Future[Any]] = []
         try:
+            map_jobs = [(arr, batch, self._pool.submit(run_batch, arr, batch))
+                        for arr in planned.values() if not arr.table for batch in _batches(arr)]
+            hash_jobs = [(arr, [self._pool.submit(hash_table, arr, lo, hi)
+                                for lo, hi in row_batches(arr.count, arr.chunk_len, BATCH_BYTES)]) for arr in tables]
+            jobs = [fut for _, _, fut in map_jobs] + [fut for _, futs in hash_jobs for fut in futs]
             results = [
                 (arr, key, result)
-                for arr, batch, fut in jobs
+                for arr, batch, fut in map_jobs
                 for (key, _raw), result in zip(batch, fut.result(), strict=True)
             ]
+            deltas = {
+                arr.path: TableDelta.of(
+                    np.frombuffer(b"".join(f.result() for f in futs), np.uint8).reshape(arr.count, 16),
+                    self._tables.get(arr.path, {}).get(pipeline(arr.codecs).codecs_json))
+                for arr, futs in hash_jobs
+            }
         except BaseException:
             # A failed write (storage down, disk full) fails the commit now: chunks not yet
             # started are dropped, not each retried in turn; running ones are waited for so
             # that the writer is idle when the error reaches the caller.
-            for _, _, fut in jobs:
+            for fut in jobs:
                 fut.cancel()
-            wait([fut for _, _, fut in jobs])
+            wait(jobs)
             self.store.storage.discard(pending)
             raise
-        packed = {r.identity: len(r.data) for _, _, (r, _fresh) in results if isinstance(r, _Small)}
-        sparse = self._sparse_packs((ref for _, _, (ref, fresh) in results if not fresh), sum(packed.values()))
+        packed = sum(len(r.data) for r in {r.identity: r for _, _, (r, _) in results if isinstance(r, _Small)}.values())
+        packed += sum(int((~d.reused).sum()) * arr.chunk_len for arr, d in zip(tables, deltas.values(), strict=True))
+        live = _live_by_pack(ref for _, _, (ref, fresh) in results if not fresh)
+        for d in deltas.values():
+            for name, n in d.live_by_pack().items():
+                live[name] = live.get(name, 0) + n
+        sparse = self._sparse_packs(live, packed)
         if sparse:
             raws: dict[str, dict[str, memoryview]] = {}
             for i, (arr, key, (ref, fresh)) in enumerate(results):
                 if not fresh and isinstance(ref, ChunkRef) and ref.object in sparse:
                     by_key = raws.get(arr.path)
                     if by_key is None:
-                        by_key = raws[arr.path] = dict(arr.chunks)
+                        by_key = raws[arr.path] = dict(arr.chunk_list())
                     again = _encode_again(arr, by_key[key], ref)
                     results[i] = (arr, key, (again, True))
                     stats.rewritten_chunks += 1
                     stats.rewritten_bytes += len(again.data)
+            for d in deltas.values():
+                rows, nbytes = d.drop_packs(sparse)
+                stats.rewritten_chunks += rows
+                stats.rewritten_bytes += nbytes
+        chunk_maps: dict[str, dict[str, ChunkRef]] = {path: {} for path, arr in planned.items() if not arr.table}
+        small: list[tuple[str, str, _Small]] = []
         for arr, key, (ref, fresh) in results:
             stats.chunks += 1
             if isinstance(ref, _Small):
@@ -366,9 +416,21 @@ class StepWriter:
             else:
                 stats.reused_chunks += 1
                 stats.reused_bytes += ref.size
+        layout = _PackLayout()
+        for _path, _key, s in small:
+            layout.place(s.identity, s.data)
+        fresh_rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
-            for (path, key), ref in self._write_packs(small, timings, pending).items():
-                chunk_maps[path][key] = ref
+            for arr, d in zip(tables, deltas.values(), strict=True):
+                fresh_rows[arr.path] = self._place_rows(arr, d, layout, timings)
+                stats.chunks += arr.count
+                stats.new_chunks += int(fresh_rows[arr.path][0].size)
+                stats.reused_chunks += arr.count - int(fresh_rows[arr.path][0].size)
+                stats.reused_bytes += d.reused_bytes()
+            names = self._write_packs(layout, timings, pending)
+            for path, key, s in small:
+                index, offset = layout.placed[s.identity]
+                chunk_maps[path][key] = ChunkRef(raw=s.raw, size=len(s.data), object=names[index], offset=offset)
                 stats.new_chunks += 1
             t_publish = time.perf_counter()
             self.store.storage.publish(pending)  # one batch of fsyncs, then the names appear
@@ -376,8 +438,12 @@ class StepWriter:
         except BaseException:
             self.store.storage.discard(pending)
             raise
-        stats.new_bytes += sum(len(s.data) for s in {s.identity: s for _, _, s in small}.values())
+        stats.new_bytes += layout.total
         stats.logical_bytes = sum(a.logical_bytes for a in planned.values())
+        entries: dict[str, Mapping[str, ChunkRef]] = dict(chunk_maps)
+        for arr, d in zip(tables, deltas.values(), strict=True):
+            stored_rows, pack_of, offset_of, size_of = fresh_rows[arr.path]
+            entries[arr.path] = d.table(arr.grid, stored_rows, names, pack_of, offset_of, size_of)
 
         t_sync = time.perf_counter()
         self.store.storage.sync()  # every object durable before the manifest names it
@@ -389,18 +455,19 @@ class StepWriter:
             run=self.run,
             created_at=clock.now_iso(),
             tree=tree_doc,
-            arrays={p: ArrayEntry(zarr=_zarr_json(a), chunks=chunk_maps[p]) for p, a in planned.items()},
+            arrays={p: ArrayEntry(zarr=_zarr_json(a), chunks=entries[p]) for p, a in planned.items()},
             metadata={str(k): str(v) for k, v in (metadata or {}).items()},
             stats=stats.to_json(),
+            version=TABLE_SPEC_VERSION if tables else SPEC_VERSION,
         )
         data = manifest.to_bytes()
         stats.manifest_bytes = len(data)
         self.store.storage.write(self.store.manifest_key(step, self.rank), data)
         self.store.storage.sync()
         if self.delta:
-            self._base, self._base_packs = _reuse_index(manifest)
+            self._base, self._tables, self._base_packs = _reuse_index(manifest)
             self._base_step, self._base_at = step, time.monotonic()
-        packs = {ref.object for e in manifest.arrays.values() for ref in e.chunks.values() if ref.offset is not None}
+        packs = _packs_named(manifest)
         self._pack_sizes = {name: size for name, size in self._pack_sizes.items() if name in packs}
         t_refs = time.perf_counter()
         if self.world_size == 1:  # complete now; with several ranks, whoever sees it complete calls write_refs
@@ -424,11 +491,12 @@ class StepWriter:
         }
         return stats
 
-    def _sparse_packs(self, reused: Iterator[ChunkRef | _Small], budget: int) -> set[str]:
-        """The packs whose chunks among ``reused`` this commit stores afresh instead: those it
-        covers less than PACK_LIVE_FLOOR of, then, sparsest first, those it covers less than
-        PACK_LIVE_TARGET of while the bytes re-stored for them total at most ``budget`` (the
-        commit's new packed bytes: its packs at most double).
+    def _sparse_packs(self, live: dict[str, int], budget: int) -> set[str]:
+        """The packs whose chunks this commit would reuse (``live``: the bytes of each pack the
+        reused chunks read) that it stores afresh instead: those it covers less than
+        PACK_LIVE_FLOOR of, then, sparsest first, those it covers less than PACK_LIVE_TARGET of
+        while the bytes re-stored for them total at most ``budget`` (the commit's new packed
+        bytes: its packs at most double).
 
         A pack this commit would name for a few chunks (an RNG state, a frozen bias, while
         the rest of the pack changed) would stay alive for them after GC has collected the
@@ -443,46 +511,52 @@ class StepWriter:
         pack's size is known when this writer wrote it; for one written before (by a run this
         one resumed) the end of its last chunk the base names stands in, a lower bound.
         """
-        used: dict[str, dict[int, int]] = {}
-        for ref in reused:
-            if isinstance(ref, ChunkRef) and ref.object is not None and ref.offset is not None:
-                used.setdefault(ref.object, {})[ref.offset] = ref.size  # a chunk used twice counts once
         covered = []
-        for name, ranges in used.items():
-            live = sum(ranges.values())
+        for name, used in live.items():
             base_live, base_end = self._base_packs.get(name, (0, 0))
-            if live < base_live:
-                covered.append((live / self._pack_sizes.get(name, base_end), live, name))
+            if used < base_live:
+                covered.append((used / self._pack_sizes.get(name, base_end), used, name))
         sparse: set[str] = set()
-        for fraction, live, name in sorted(covered):
+        for fraction, used, name in sorted(covered):
             if fraction < PACK_LIVE_FLOOR:
                 sparse.add(name)
-            elif fraction < PACK_LIVE_TARGET and live <= budget:
+            elif fraction < PACK_LIVE_TARGET and used <= budget:
                 sparse.add(name)
-                budget -= live
+                budget -= used
         return sparse
 
-    def _write_packs(
-        self, small: list[tuple[str, str, _Small]], timings: _Timings, pending: list[PendingWrite]
-    ) -> dict[tuple[str, str], ChunkRef]:
-        """Pack small new chunks into objects of about PACK_TARGET_BYTES, written in parallel.
+    def _place_rows(
+        self, arr: _PlannedArray, delta: TableDelta, layout: _PackLayout, timings: _Timings
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Encode a table's rows that it does not reuse (on the pool, in runs of BATCH_BYTES) and
+        place them in ``layout``: (rows, pack index, offset, stored size) of each, in row order."""
+        rows, distinct, inverse = delta.fresh_chunks()
+        pipe = pipeline(arr.codecs)
 
-        Thousands of small tensors (biases, norms) would otherwise be thousands of tiny
-        objects: a PUT each on S3, an fsync each on a local disk. Identical chunks are
-        packed once. The order is the tree's, so the same state packs the same way.
-        """
-        refs: dict[tuple[str, str], ChunkRef] = {}
-        placed: dict[tuple[str, str], tuple[int, int]] = {}  # (codecs, raw) -> (pack index, offset)
-        packs: list[bytearray] = []
-        for _path, _key, chunk in small:
-            if chunk.identity in placed:
-                continue
-            if not packs or (len(packs[-1]) and len(packs[-1]) + len(chunk.data) > PACK_TARGET_BYTES):
-                packs.append(bytearray())
-            placed[chunk.identity] = (len(packs) - 1, len(packs[-1]))
-            packs[-1] += chunk.data
+        def encode(part: np.ndarray) -> list[Any]:
+            t0 = time.perf_counter()
+            try:
+                return [pipe.encode(row_view(arr.flat, arr.chunk_len, r)) for r in part.tolist()]
+            finally:
+                timings.add(encode=time.perf_counter() - t0)
 
-        def write_pack(data: bytearray) -> tuple[str, PendingWrite | None]:
+        per_task = max(1, BATCH_BYTES // arr.chunk_len)
+        futures = [self._pool.submit(encode, distinct[i : i + per_task]) for i in range(0, distinct.size, per_task)]
+        try:
+            stored = [data for fut in futures for data in fut.result()]
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            wait(futures)  # the writer idle when the error reaches the caller
+            raise
+        pack_of, offset_of, size_of = layout.place_run(stored)
+        return rows, pack_of[inverse], offset_of[inverse], size_of[inverse]
+
+    def _write_packs(self, layout: _PackLayout, timings: _Timings, pending: list[PendingWrite]) -> list[str]:
+        """Write the packs ``layout`` holds, in parallel; their names, in pack order."""
+
+        def write_pack(parts: list[Any]) -> tuple[str, PendingWrite | None]:
+            data = b"".join(parts)
             t0 = time.perf_counter()
             name = digest(data)
             t1 = time.perf_counter()
@@ -490,18 +564,15 @@ class StepWriter:
             timings.add(hash=t1 - t0, write=time.perf_counter() - t1)
             return name, handle
 
-        futures = [self._pool.submit(write_pack, data) for data in packs]
+        futures = [self._pool.submit(write_pack, parts) for parts in layout.packs]
         wait(futures)  # every pack's temp file known to ``pending`` before an error propagates
         for fut in futures:
             handle = fut.result()[1] if fut.exception() is None else None
             if handle is not None:
                 pending.append(handle)
         names = [fut.result()[0] for fut in futures]
-        self._pack_sizes.update(zip(names, map(len, packs), strict=True))
-        for path, key, chunk in small:
-            index, offset = placed[chunk.identity]
-            refs[(path, key)] = ChunkRef(raw=chunk.raw, size=len(chunk.data), object=names[index], offset=offset)
-        return refs
+        self._pack_sizes.update(zip(names, layout.fill, strict=True))
+        return names
 
     # ---- planning ----------------------------------------------------------------------
 
@@ -546,18 +617,14 @@ class StepWriter:
         codecs = codecs_for(self.compression, dtype.itemsize)
         flat = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
         if not shape:
-            return _PlannedArray(path, dtype, (), (), codecs, [("c", flat)], dtype.itemsize, arr.nbytes)
+            return _PlannedArray(path, dtype, (), (), codecs, flat, 1, 0, dtype.itemsize, arr.nbytes)
         tail = tuple(max(1, d) for d in shape[1:])
-        chunk_shape = (rows, *tail)
-        chunks: list[tuple[str, memoryview]] = []
-        row_bytes = math.prod(shape[1:]) * dtype.itemsize
-        chunk_len = rows * row_bytes
-        if arr.size:
-            zeros = ("/0" * (len(shape) - 1))
-            starts = range(0, arr.shape[0] * row_bytes, chunk_len)
-            chunks = list(zip([f"c/{first + i}{zeros}" for i in range(len(starts))],
-                              [flat[at : at + chunk_len] for at in starts], strict=True))
-        return _PlannedArray(path, dtype, shape, chunk_shape, codecs, chunks, chunk_len, arr.nbytes)
+        chunk_len = rows * math.prod(shape[1:]) * dtype.itemsize
+        count = math.ceil(arr.nbytes / chunk_len) if arr.size else 0
+        whole = first == 0 and arr.shape[0] == shape[0]  # not a shard: the table covers the grid
+        table = self.tables and whole and count >= TABLE_MIN_CHUNKS and chunk_len < PACK_MAX_CHUNK_BYTES
+        return _PlannedArray(path, dtype, shape, (rows, *tail), codecs, flat, count, first, chunk_len, arr.nbytes,
+                             table)
 
 
 def rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
@@ -575,9 +642,10 @@ def rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEF
 
 def _batches(arr: _PlannedArray) -> Iterator[list[tuple[str, memoryview]]]:
     """An array's chunks in runs of about BATCH_BYTES (one chunk per run when larger)."""
+    chunks = arr.chunk_list()
     n = max(1, BATCH_BYTES // max(1, arr.chunk_len))
-    for i in range(0, len(arr.chunks), n):
-        yield arr.chunks[i : i + n]
+    for i in range(0, len(chunks), n):
+        yield chunks[i : i + n]
 
 
 def _check_chunk_bytes(chunk_bytes: Mapping[str, int] | None) -> dict[str, int]:
@@ -606,27 +674,123 @@ class _Timings:
 def _encode_again(arr: _PlannedArray, raw: memoryview, ref: ChunkRef) -> _Small:
     """A reused chunk of ``arr`` (``raw``, its bytes in memory) encoded again, to be packed
     with the commit's new chunks; its raw digest, and so its identity, is ``ref``'s."""
-    if raw.nbytes != arr.chunk_len:  # an edge chunk is stored at full size
-        padded = bytearray(arr.chunk_len)
-        padded[: raw.nbytes] = raw
-        raw = memoryview(padded)
     pipe = pipeline(arr.codecs)
-    return _Small(ref.raw, pipe.codecs_json, bytes(pipe.encode(raw)))
+    return _Small(ref.raw, pipe.codecs_json, bytes(pipe.encode(pad(raw, arr.chunk_len))))
 
 
-def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, tuple[int, int]]]:
-    """A step's chunks by codec chain, then by raw digest: what a commit may reuse (keyed in
-    two levels so that a lookup builds no tuple: a sparse table looks up ~400k chunks); and per
-    pack object it names, the bytes its chunk entries cover and where the last of them ends."""
-    index: dict[str, dict[str, ChunkRef]] = {}
-    ranges: dict[str, dict[int, int]] = {}
+class _PackLayout:
+    """New small chunks laid out into packs of about PACK_TARGET_BYTES. The order of the calls
+    is the tree's, so the same state packs the same way."""
+
+    def __init__(self) -> None:
+        self.packs: list[list[Any]] = []  # per pack, its chunks' stored bytes in order
+        self.fill: list[int] = []
+        self.placed: dict[tuple[str, str], tuple[int, int]] = {}  # identity -> (pack, offset)
+        self.total = 0
+
+    def place(self, identity: tuple[str, str], data: Any) -> tuple[int, int]:
+        """One chunk of a map array; an identical chunk (same codec chain and raw digest) is
+        placed once."""
+        where = self.placed.get(identity)
+        if where is None:
+            size = memoryview(data).nbytes
+            if not self.packs or (self.fill[-1] and self.fill[-1] + size > PACK_TARGET_BYTES):
+                self.packs.append([])
+                self.fill.append(0)
+            where = self.placed[identity] = (len(self.packs) - 1, self.fill[-1])
+            self.packs[-1].append(data)
+            self.fill[-1] += size
+            self.total += size
+        return where
+
+    def place_run(self, stored: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A run of a table's distinct new chunks (the table deduplicated them), placed with
+        numpy: (pack, offset, size) of each. A pack takes chunks while it holds less than
+        PACK_TARGET_BYTES, so it may end one chunk past it."""
+        sizes = np.fromiter((memoryview(d).nbytes for d in stored), np.int64, len(stored))
+        if not sizes.size:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        if not self.packs or self.fill[-1] >= PACK_TARGET_BYTES:
+            self.packs.append([])
+            self.fill.append(0)
+        starts = self.fill[-1] + np.cumsum(sizes) - sizes  # as if the current pack had no end
+        group = starts // PACK_TARGET_BYTES  # 0: the current pack; k: the k-th one opened after it
+        bounds = (np.flatnonzero(np.diff(group)) + 1).tolist()
+        packs = np.empty(sizes.size, np.int64)
+        offsets = np.empty(sizes.size, np.int64)
+        for i, (lo, hi) in enumerate(zip([0, *bounds], [*bounds, sizes.size], strict=True)):
+            if i:
+                self.packs.append([])
+                self.fill.append(0)
+            offsets[lo:hi] = starts[lo:hi] - (int(starts[lo]) if i else 0)
+            packs[lo:hi] = len(self.packs) - 1
+            self.packs[-1].append(b"".join(stored[lo:hi]))
+            self.fill[-1] = int(offsets[hi - 1] + sizes[hi - 1])
+        self.total += int(sizes.sum())
+        return packs, offsets, sizes
+
+
+def _live_by_pack(reused: Iterator[ChunkRef | _Small]) -> dict[str, int]:
+    """Bytes of each pack that ``reused`` entries read (a chunk used twice counts once)."""
+    used: dict[str, dict[int, int]] = {}
+    for ref in reused:
+        if isinstance(ref, ChunkRef) and ref.object is not None and ref.offset is not None:
+            used.setdefault(ref.object, {})[ref.offset] = ref.size
+    return {name: sum(ranges.values()) for name, ranges in used.items()}
+
+
+def _packs_named(manifest: Manifest) -> set[str]:
+    """The pack objects a manifest's chunk entries read."""
+    names: set[str] = set()
     for entry in manifest.arrays.values():
-        by_raw = index.setdefault(json.dumps(entry.codecs, sort_keys=True), {})
+        if isinstance(entry.chunks, ChunkTable):
+            names |= entry.chunks.used_objects()
+        else:
+            names.update(ref.object for ref in entry.chunks.values() if ref.offset is not None and ref.object)
+    return names
+
+
+def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, dict[str, ChunkTable]],
+                                              dict[str, tuple[int, int]]]:
+    """What a commit may reuse of a step: its map arrays' chunks by codec chain, then by raw
+    digest (two levels, so that a lookup builds no tuple); its tables (§5.1) by array path, then
+    codec chain, compared row by row; and per pack object it names, the bytes its chunk entries
+    cover and where the last of them ends.
+
+    A map array of the base that is now written as a table (a store from before tables, or an
+    array that grew past TABLE_MIN_CHUNKS) becomes its table here, once, so that the first
+    commit after the switch still reuses every unchanged chunk."""
+    index: dict[str, dict[str, ChunkRef]] = {}
+    tables: dict[str, dict[str, ChunkTable]] = {}
+    ranges: dict[str, dict[int, int]] = {}
+    packs: dict[str, tuple[int, int]] = {}
+    for path, entry in manifest.arrays.items():
+        codecs_json = json.dumps(entry.codecs, sort_keys=True)
+        if isinstance(entry.chunks, ChunkTable):
+            table = entry.chunks
+            tables[path] = {codecs_json: table}
+            obj, offset, size = table.pack_ranges()
+            live = np.bincount(obj, weights=size, minlength=len(table.objects))
+            end = np.zeros(len(table.objects), np.int64)
+            np.maximum.at(end, obj, offset + size)
+            for i in np.flatnonzero(live).tolist():
+                have = packs.get(table.objects[i], (0, 0))
+                packs[table.objects[i]] = (have[0] + int(live[i]), max(have[1], int(end[i])))
+            continue
+        by_raw = index.setdefault(codecs_json, {})
         by_raw.update({ref.raw: ref for ref in entry.chunks.values()})
+        if len(entry.chunks) >= TABLE_MIN_CHUNKS:
+            as_table = table_of(entry.chunks, entry.grid)
+            if as_table is not None:
+                tables[path] = {codecs_json: as_table}
         for ref in entry.chunks.values():
             if ref.offset is not None and ref.object is not None:
                 ranges.setdefault(ref.object, {})[ref.offset] = ref.size
-    return index, {name: (sum(r.values()), max(o + n for o, n in r.items())) for name, r in ranges.items()}
+    for name, r in ranges.items():
+        have = packs.get(name, (0, 0))
+        packs[name] = (have[0] + sum(r.values()), max(have[1], max(o + n for o, n in r.items())))
+    return index, tables, packs
 
 
 def _zarr_json(arr: _PlannedArray) -> dict[str, Any]:

@@ -221,7 +221,8 @@ def test_manifest_bytes_are_exactly_what_json_writes(tmp_path):
     import json
 
     from ravex.format import open_store
-    from ravex.format.manifest import ArrayEntry, ChunkRef, Manifest
+    from ravex.format.chunkref import ChunkRef
+    from ravex.format.manifest import ArrayEntry, Manifest
 
     store = open_store(tmp_path / "s", create=True)
     rng = np.random.default_rng(1)

@@ -16,7 +16,7 @@ import pytest
 from fmt_helpers import REPO
 
 from ravex.format import CorruptObjectError, open_store
-from ravex.format.manifest import ChunkRef
+from ravex.format.chunkref import ChunkRef
 from ravex.format.names import manifest_key, object_key
 from ravex.format.validate import ValidationReport, validate
 

@@ -15,9 +15,9 @@ from zarr.core.sync import _collect_aiterator, sync
 from zarr.testing.store import StoreTests
 
 from ravex.format import open_store
+from ravex.format.chunkref import ChunkRef
 from ravex.format.errors import CorruptObjectError
 from ravex.format.hashing import digest
-from ravex.format.manifest import ChunkRef
 from ravex.format.names import object_key
 from ravex.format.zarr_store import KeyEntry, StepStore
 
