@@ -86,6 +86,9 @@ class RavexConfig:
     keep_every: int | None = None
     compression: str = "none"
     delta: bool = True
+    #: arrays of many small chunks (sparse tables) as chunk tables (spec §5.1, format 1.2);
+    #: false: every array as a JSON chunk map, which Ravex 1.0/1.1 readers also read
+    chunk_tables: bool = True
     #: don't copy a tensor whose version counter, storage and layout did not move since the
     #: last checkpoint (frozen parameters); see ravex.saving.stager.Stager for what that misses
     skip_unchanged: bool = True
@@ -364,6 +367,7 @@ _VALIDATORS = {
     "keep_every": _positive_int_or_none,
     "compression": _compression,
     "delta": _bool,
+    "chunk_tables": _bool,
     "skip_unchanged": _bool,
     "full_stage_every": _at_least_one,
     "backend": _one_of(BACKENDS),

@@ -74,6 +74,7 @@ class SavingSettings(Protocol):
     backend: str
     compression: str
     delta: bool
+    chunk_tables: bool
     keep_last: int | None
     keep_every: int | None
     skip_unchanged: bool

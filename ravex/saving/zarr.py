@@ -71,6 +71,7 @@ class ZarrBackend(CheckpointBackend):
         kwargs: dict[str, Any] = {
             "rank": self.rank, "world_size": self.world_size,
             "compression": self.config.compression, "delta": self.config.delta,
+            "tables": self.config.chunk_tables,
         }
         if self._run_id is not None:
             kwargs["run"] = self._run_id
