@@ -39,7 +39,7 @@ class ChunkTable(Mapping[str, ChunkRef]):
     ``[offset[i], offset[i] + size[i])`` of that pack.
     """
 
-    __slots__ = ("_hex", "_ranges", "grid", "obj", "objects", "offset", "raw", "size")
+    __slots__ = ("_hex", "_ranges", "_refs", "_rows", "grid", "obj", "objects", "offset", "raw", "size")
 
     def __init__(self, grid: tuple[int, ...], objects: tuple[str, ...], raw: np.ndarray, obj: np.ndarray,
                  offset: np.ndarray, size: np.ndarray) -> None:
@@ -51,6 +51,8 @@ class ChunkTable(Mapping[str, ChunkRef]):
         self.size = size  # (n,) int64
         self._hex: str | None = None
         self._ranges: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._refs: list[ChunkRef] | None = None  # built once a reader walks every entry
+        self._rows: dict[str, int] | None = None  # chunk key -> row, built at the first lookup
 
     # ---- the mapping ------------------------------------------------------------------
 
@@ -81,25 +83,25 @@ class ChunkTable(Mapping[str, ChunkRef]):
         return zip(iter(self), self.values(), strict=True)
 
     def values(self) -> Iterator[ChunkRef]:  # type: ignore[override]
-        return (self.ref(i) for i in range(len(self)))
+        """Every entry, as ChunkRefs built once: a reader walks a table's entries several times
+        (checks, planning runs, reading); the writer and GC use the columns instead."""
+        if self._refs is None:
+            hexes = self.raw.tobytes().hex()
+            names = [self.objects[i] for i in self.obj.tolist()]
+            self._refs = [ChunkRef(raw=hexes[32 * i : 32 * i + 32], size=s, object=o, offset=f)
+                          for i, (o, f, s) in enumerate(zip(names, self.offset.tolist(), self.size.tolist(),
+                                                            strict=True))]
+        return iter(self._refs)
 
     def row_of(self, key: str) -> int | None:
         """The row of chunk ``key`` (``c/<i>/<j>...``), or None when the grid has no such chunk."""
-        parts = key.split("/")
-        if parts[0] != "c" or len(parts) != len(self.grid) + 1:
-            return None
-        try:
-            index = [int(p) for p in parts[1:]]
-        except ValueError:
-            return None
-        if any(i < 0 or i >= g for i, g in zip(index, self.grid, strict=True)):
-            return None
-        row = 0
-        for i, g in zip(index, self.grid, strict=True):
-            row = row * g + i
-        return row
+        if self._rows is None:  # a reader looks up every key: one dict, built in one pass
+            self._rows = {k: row for row, k in enumerate(self)}
+        return self._rows.get(key)
 
     def ref(self, row: int) -> ChunkRef:
+        if self._refs is not None:
+            return self._refs[row]
         return ChunkRef(raw=self.raw_hex(row), size=int(self.size[row]),
                         object=self.objects[int(self.obj[row])], offset=int(self.offset[row]))
 
