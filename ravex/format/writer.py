@@ -363,12 +363,11 @@ class StepWriter:
                 for arr, batch, fut in map_jobs
                 for (key, _raw), result in zip(batch, fut.result(), strict=True)
             ]
-            deltas = {
-                arr.path: TableDelta.of(
-                    np.frombuffer(b"".join(f.result() for f in futs), np.uint8).reshape(arr.count, 16),
-                    self._tables.get(arr.path, {}).get(pipeline(arr.codecs).codecs_json))
+            deltas = [  # one per table, in the order of ``tables``
+                TableDelta.of(np.frombuffer(b"".join(f.result() for f in futs), np.uint8).reshape(arr.count, 16),
+                              self._tables.get(arr.path, {}).get(pipeline(arr.codecs).codecs_json))
                 for arr, futs in hash_jobs
-            }
+            ]
         except BaseException:
             # A failed write (storage down, disk full) fails the commit now: chunks not yet
             # started are dropped, not each retried in turn; running ones are waited for so
@@ -379,9 +378,9 @@ class StepWriter:
             self.store.storage.discard(pending)
             raise
         packed = sum(len(r.data) for r in {r.identity: r for _, _, (r, _) in results if isinstance(r, _Small)}.values())
-        packed += sum(int((~d.reused).sum()) * arr.chunk_len for arr, d in zip(tables, deltas.values(), strict=True))
+        packed += sum(int((~d.reused).sum()) * arr.chunk_len for arr, d in zip(tables, deltas, strict=True))
         live = _live_by_pack(ref for _, _, (ref, fresh) in results if not fresh)
-        for d in deltas.values():
+        for d in deltas:
             for name, n in d.live_by_pack().items():
                 live[name] = live.get(name, 0) + n
         sparse = self._sparse_packs(live, packed)
@@ -396,7 +395,7 @@ class StepWriter:
                     results[i] = (arr, key, (again, True))
                     stats.rewritten_chunks += 1
                     stats.rewritten_bytes += len(again.data)
-            for d in deltas.values():
+            for d in deltas:
                 rows, nbytes = d.drop_packs(sparse)
                 stats.rewritten_chunks += rows
                 stats.rewritten_bytes += nbytes
@@ -421,7 +420,7 @@ class StepWriter:
             layout.place(s.identity, s.data)
         fresh_rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
-            for arr, d in zip(tables, deltas.values(), strict=True):
+            for arr, d in zip(tables, deltas, strict=True):
                 fresh_rows[arr.path] = self._place_rows(arr, d, layout, timings)
                 stats.chunks += arr.count
                 stats.new_chunks += int(fresh_rows[arr.path][0].size)
@@ -441,7 +440,7 @@ class StepWriter:
         stats.new_bytes += layout.total
         stats.logical_bytes = sum(a.logical_bytes for a in planned.values())
         entries: dict[str, Mapping[str, ChunkRef]] = dict(chunk_maps)
-        for arr, d in zip(tables, deltas.values(), strict=True):
+        for arr, d in zip(tables, deltas, strict=True):
             stored_rows, pack_of, offset_of, size_of = fresh_rows[arr.path]
             entries[arr.path] = d.table(arr.grid, stored_rows, names, pack_of, offset_of, size_of)
 
