@@ -233,7 +233,7 @@ class StepWriter:
         if latest is None:
             return {}, {}, {}
         try:
-            return _reuse_index(self.store.manifest(latest, self.rank))
+            return _reuse_index(self.store.manifest(latest, self.rank), self.tables)
         except (RavexError, OSError):
             return {}, {}, {}  # a rank that did not exist then, or an unreadable base: write in full
 
@@ -464,7 +464,7 @@ class StepWriter:
         self.store.storage.write(self.store.manifest_key(step, self.rank), data)
         self.store.storage.sync()
         if self.delta:
-            self._base, self._tables, self._base_packs = _reuse_index(manifest)
+            self._base, self._tables, self._base_packs = _reuse_index(manifest, self.tables)
             self._base_step, self._base_at = step, time.monotonic()
         packs = _packs_named(manifest)
         self._pack_sizes = {name: size for name, size in self._pack_sizes.items() if name in packs}
@@ -750,16 +750,17 @@ def _packs_named(manifest: Manifest) -> set[str]:
     return names
 
 
-def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, dict[str, ChunkTable]],
-                                              dict[str, tuple[int, int]]]:
+def _reuse_index(
+    manifest: Manifest, tables_wanted: bool = True
+) -> tuple[dict[str, dict[str, ChunkRef]], dict[str, dict[str, ChunkTable]], dict[str, tuple[int, int]]]:
     """What a commit may reuse of a step: its map arrays' chunks by codec chain, then by raw
     digest (two levels, so that a lookup builds no tuple); its tables (§5.1) by array path, then
     codec chain, compared row by row; and per pack object it names, the bytes its chunk entries
     cover and where the last of them ends.
 
-    A map array of the base that is now written as a table (a store from before tables, or an
-    array that grew past TABLE_MIN_CHUNKS) becomes its table here, once, so that the first
-    commit after the switch still reuses every unchanged chunk."""
+    With ``tables_wanted``, a map array of the base large enough to be written as a table (a
+    store from before tables, or an array that grew past TABLE_MIN_CHUNKS) becomes its table
+    here, once, so that the first commit after the switch still reuses every unchanged chunk."""
     index: dict[str, dict[str, ChunkRef]] = {}
     tables: dict[str, dict[str, ChunkTable]] = {}
     ranges: dict[str, dict[int, int]] = {}
@@ -779,7 +780,7 @@ def _reuse_index(manifest: Manifest) -> tuple[dict[str, dict[str, ChunkRef]], di
             continue
         by_raw = index.setdefault(codecs_json, {})
         by_raw.update({ref.raw: ref for ref in entry.chunks.values()})
-        if len(entry.chunks) >= TABLE_MIN_CHUNKS:
+        if tables_wanted and len(entry.chunks) >= TABLE_MIN_CHUNKS:
             as_table = table_of(entry.chunks, entry.grid)
             if as_table is not None:
                 tables[path] = {codecs_json: as_table}
