@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
 from ravex.format import open_store
+from ravex.format.chunktable import ChunkTable
 from ravex.runtime.chunking import SPARSE_CHUNK_BYTES
 
 ROWS, DIM, HOT, STEPS = 8192, 64, 82, 6  # 82 rows = 1% of the table per step
@@ -96,6 +97,8 @@ def test_sparse_table_deltas_are_small_and_resume_is_bitwise(tmp_path):
     assert rows["models/0/state/emb.weight"] == [small]
     assert rows["optimizers/0/state/emb.weight/exp_avg"] == rows["optimizers/0/state/emb.weight/exp_avg_sq"] == [small]
     assert rows["models/0/state/head.weight"] == [1] and rows["optimizers/1/state/head.weight/exp_avg"] == [1]
+    tables = {p for p, e in m.arrays.items() if isinstance(e.chunks, ChunkTable)}  # 1024 chunks each: tables
+    assert tables == {p for p, r in rows.items() if r == [small]}, tables
     for step in (2, 3):  # each an interval that touched 1% of the rows
         stats = st.manifest(step, 0).stats
         manifest = os.path.getsize(os.path.join(store, "steps", str(step), "rank-0.json"))
