@@ -37,6 +37,8 @@ OBJECT_NAME = re.compile(r"^[0-9a-f]{32}$")
 SEGMENT = re.compile(r"^[A-Za-z0-9._%-]+$")
 CHUNK_KEY = re.compile(r"^c(/[0-9]+)*$")
 SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+ROW_BYTES = 32  # a chunk table's row: raw digest 16, object index 4, offset 8, size 4 (spec §5.1)
+MAX_ITEMSIZE = 16  # complex128: the stored-size bound of a chunk entry (§5) assumes it
 DTYPES = {name: np.dtype(name).newbyteorder("<") for name in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
@@ -120,6 +122,39 @@ def codec(codecs, where):
     raise FormatError(f"{where}: unknown codec {name!r}")
 
 
+def grid_of(meta):
+    """Chunks along each dimension (``()`` for 0-d: one chunk)."""
+    shape, cshape = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
+    if len(shape) != len(cshape) or min(cshape, default=1) < 1:
+        raise FormatError(f"chunk shape {cshape} does not fit shape {shape}")
+    return tuple(math.ceil(n / c) for n, c in zip(shape, cshape, strict=True))
+
+
+def table_chunks(meta, table, where):
+    """A chunk table (spec §5.1, since 1.2) as the packed chunk entries it stands for. Its rows
+    are four little-endian columns one after the other (raw digests n x 16 bytes, object index
+    n x uint32, offset n x uint64, size n x uint32); row i is grid index np.unravel_index(i, grid)."""
+    grid = grid_of(meta)
+    n = math.prod(grid)
+    objects = table.get("objects") if isinstance(table, dict) else None
+    if not isinstance(objects, list) or not all(isinstance(o, str) and OBJECT_NAME.match(o) for o in objects):
+        raise FormatError(f"{where}: table 'objects' is not a list of object names")
+    try:
+        rows = base64.b64decode(table["rows"], validate=True)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"{where}: table 'rows' is not base64 ({exc})") from None
+    if len(rows) != n * ROW_BYTES:
+        raise FormatError(f"{where}: table rows hold {len(rows)} bytes, the grid {list(grid)} needs {n * ROW_BYTES}")
+    raw = rows[: 16 * n].hex()
+    index, offset, size = (np.frombuffer(rows, t, n, at).tolist()
+                           for t, at in (("<u4", 16 * n), ("<u8", 20 * n), ("<u4", 28 * n)))
+    if n and max(index) >= len(objects):
+        raise FormatError(f"{where}: a table row names object {max(index)} of {len(objects)}")
+    return {"/".join(["c", *map(str, key)]): {"object": objects[index[i]], "offset": offset[i], "size": size[i],
+                                               "raw": raw[32 * i : 32 * i + 32]}
+            for i, key in enumerate(np.ndindex(*grid))}
+
+
 def read_chunk(root, ref, where):
     """The stored (encoded) bytes of one chunk entry."""
     if "inline" in ref:
@@ -140,9 +175,13 @@ def read_array(root, path, meta, chunks):
     dtype = DTYPES[meta["data_type"]]
     shape, cshape = tuple(meta["shape"]), tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
     compressor = codec(meta["codecs"], path)
-    grid = [math.ceil(n / c) for n, c in zip(shape, cshape, strict=True)]
+    grid = list(grid_of(meta))
     if len(chunks) != (math.prod(grid) if math.prod(shape) else 0) or min(cshape, default=1) < 1:
         raise FormatError(f"tensor {path!r}: {len(chunks)} chunks for a grid of {grid}")  # before allocating
+    limit = MAX_ITEMSIZE * math.prod(cshape)
+    limit += limit // 64 + 4096  # what any codec chain makes of a full chunk, at most (§5)
+    if any(ref.get("size", 0) > limit for ref in chunks.values()):
+        raise FormatError(f"tensor {path!r}: a chunk's stored size exceeds {limit} bytes; the manifest is corrupt")
     fill = meta["fill_value"]
     out = np.full(shape, complex(*fill) if isinstance(fill, list) else fill, dtype)
     for key, ref in chunks.items():
@@ -189,7 +228,10 @@ def read_step(root, step="latest", rank=0):
                 raise FormatError(f"unsafe array path {path!r}")
             if metas.setdefault(path, entry["zarr"]) != entry["zarr"]:
                 raise FormatError(f"tensor {path!r}: ranks disagree on its metadata")
-            chunks.setdefault(path, {}).update(entry["chunks"])  # ranks hold disjoint chunks
+            if ("chunks" in entry) == ("table" in entry):
+                raise FormatError(f"tensor {path!r}: an array entry holds exactly one of 'chunks' and 'table'")
+            held = entry["chunks"] if "chunks" in entry else table_chunks(entry["zarr"], entry["table"], path)
+            chunks.setdefault(path, {}).update(held)  # ranks hold disjoint chunks
     arrays = {path: read_array(root, path, metas[path], chunks[path]) for path in metas}
     return arrays, decode_value(manifests[rank]["tree"], arrays)
 
