@@ -14,7 +14,7 @@ GOALS: list[tuple[str, str, Any, str, float]] = [
      lambda r: r["a_stall"]["ratios"]["torch_save_blocking_over_stall"], ">=", 20.0),
     ("(a) DCP async_save blocking / Ravex stall", ">= 1x (not slower)",
      lambda r: r["a_stall"]["ratios"]["dcp_async_blocking_over_stall"], ">=", 1.0),
-    ("(a) background write / disk bandwidth (the better of 1 file, 4 MiB objects x4)", ">= 0.9x",
+    ("(a) background write / disk bandwidth (per round: the disk's best of 4 ways; median of rounds)", ">= 0.9x",
      lambda r: r["a_stall"]["ratios"]["background_write_fraction_of_disk"], ">=", 0.9),
     ("(b) bytes written / bytes changed", "<= 1.05x",
      lambda r: r["b_frozen"]["ratios"]["written_over_changed"], "<=", 1.05),
@@ -78,6 +78,9 @@ def _interval(goal: str, res: dict[str, Any]) -> tuple[float, float] | None:
     if goal.startswith("(f) per-step patch overhead, A/B"):
         ci = res.get("f_patch_overhead", {}).get("overhead_fraction_ci95")
         return (ci[0], ci[1]) if ci and None not in ci else None
+    if goal.startswith("(a) background write / disk bandwidth"):
+        ci = res.get("a_stall", {}).get("ratios", {}).get("background_write_fraction_of_disk_ci95")
+        return (ci[0], ci[1]) if ci and None not in ci else None
     return None
 
 
@@ -85,9 +88,9 @@ def _fmt(row: dict[str, Any]) -> str:
     v = row["measured"]
     if v is None:
         return "-"
-    if not row["goal"].startswith("(f)"):
-        return f"{v:.3g}x"
     ci = row.get("interval")
+    if not row["goal"].startswith("(f)"):
+        return f"{v:.3g}x ({ci[0]:.3g}..{ci[1]:.3g})" if ci else f"{v:.3g}x"
     return f"{v:+.2%} ({ci[0]:+.1%}..{ci[1]:+.1%})" if ci else f"{v:+.2%}"
 
 
@@ -113,6 +116,16 @@ def tables(res: dict[str, Any]) -> list[Table]:
             f"stalls {_f(first['ravex.checkpoint']['stall_s'])} s, first DCP async_save blocks "
             f"{_f(first['dcp.async_save']['blocking_s'])} s)",
             ["contender", "blocks s", "blocks / bare copy", "durable s", "durable GiB/s"], trs))
+        rounds = a.get("background_write_rounds")
+        if rounds:
+            gib = a["state"]["tensor_bytes"] / (1 << 30)
+            out.append((
+                "(a) background write against the disk, round by round (same bytes, fsync'd, os.sync() before "
+                "each; the disk's best of its ways of writing them in that round)",
+                ["round", "ravex background s", "disk best s", "disk reference", "disk GiB/s", "fraction"],
+                [[str(i + 1), _f(r["ravex_background_s"]), _f(r["disk_s"]), r["disk_reference"],
+                  _f(gib / r["disk_s"]) if r["disk_s"] else "-", _f(r["fraction"], ".3f") + "x"]
+                 for i, r in enumerate(rounds)]))
     h = res.get("h_goodput")
     if h:
         c = h["config"]

@@ -7,6 +7,8 @@ machine lands on all of them alike.
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import time
 from collections.abc import Iterator
@@ -48,8 +50,75 @@ def disk_one_file(path: str, total: int) -> None:
     fsync_path(os.path.dirname(path) or ".")
 
 
+def direct_io_supported(folder: str) -> bool:
+    """Whether the file system under ``folder`` takes ``O_DIRECT`` writes (tmpfs and some FUSE
+    file systems refuse them): one aligned block written to a probe file, then removed."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    probe = os.path.join(folder, ".direct-probe")
+    buf = mmap.mmap(-1, mmap.PAGESIZE)  # page-aligned, as O_DIRECT asks of the address
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError:
+        return False
+    try:
+        os.write(fd, buf)
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+        buf.close()
+
+
+ALIGN = 4096  # O_DIRECT's alignment of address, length and offset (every block size up to 4 KiB)
+
+
+def _aligned_pattern(nbytes: int) -> memoryview:
+    """:func:`_pattern` in a page-aligned buffer (anonymous ``mmap``), as ``O_DIRECT`` asks."""
+    buf = mmap.mmap(-1, nbytes)
+    buf.write(_pattern(nbytes))
+    return memoryview(buf)
+
+
+def _write_direct(path: str, src: memoryview, total: int, create: int) -> None:
+    """``total`` bytes of ``src`` (repeated) into a new file at ``path``: the 4 KiB-aligned body
+    with ``O_DIRECT``, a tail shorter than 4 KiB through the page cache, as Ravex's direct
+    writes do. No fsync: the caller's durability step does it."""
+    body = total - total % ALIGN
+    fd = os.open(path, os.O_WRONLY | create | os.O_DIRECT, 0o644)
+    try:
+        for n in _blocks(body, src.nbytes):
+            view = src[:n]
+            while view:
+                view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    if body < total:
+        with open(path, "r+b", buffering=0) as f:
+            f.seek(body)
+            f.write(src[:total - body])
+
+
+def disk_direct_file(path: str, total: int) -> None:
+    """One file of ``total`` bytes in 16 MiB ``O_DIRECT`` writes from a reused page-aligned
+    buffer, then fsync (file and folder): the disk without the page cache in between.
+
+    The buffered references copy every byte into freshly allocated page-cache pages first; on
+    this VM that allocation swings with what the host has reclaimed (the one-file reference
+    took 0.47-3.2 s per GiB minutes apart), which is the VM's memory, not the disk. The
+    caller checks :func:`direct_io_supported` first."""
+    _write_direct(path, _aligned_pattern(BLOCK), total, os.O_CREAT | os.O_TRUNC)
+    fsync_path(path)
+    fsync_path(os.path.dirname(path) or ".")
+
+
 def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int = 4, defer: bool = False,
-                 writeback: bool = False) -> None:
+                 writeback: bool = False, direct: bool = False) -> None:
     """``total`` bytes as objects of ``obj_bytes``, each written and fsync'd, from ``threads``
     threads, into 256 fan-out folders like a content-addressed store; folders fsync'd last.
 
@@ -57,10 +126,13 @@ def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int =
     when the end is reached, as before a manifest is written; the kernel can write back
     while later objects are still being written instead of one journal commit per object).
     ``writeback``: with ``defer``, start each object's writeback as soon as it is written
-    (``sync_file_range``, as Ravex's LocalStorage does), so the disk is busy meanwhile."""
+    (``sync_file_range``, as Ravex's LocalStorage does), so the disk is busy meanwhile.
+    ``direct``: each object written with ``O_DIRECT`` from a page-aligned buffer (as Ravex's
+    LocalStorage writes large objects), past the page cache; the caller checks
+    :func:`direct_io_supported` first."""
     from ravex.format.storage import start_writeback
 
-    src = _pattern(obj_bytes)
+    src = _aligned_pattern(obj_bytes) if direct else _pattern(obj_bytes)
     sizes = list(_blocks(total, obj_bytes))
     os.makedirs(path)
     folders = [os.path.join(path, f"{i:02x}") for i in range(min(256, len(sizes)))]
@@ -68,6 +140,11 @@ def disk_objects(path: str, total: int, obj_bytes: int = 4 * MIB, threads: int =
         os.mkdir(f)
 
     def put(i: int, n: int) -> None:
+        if direct:
+            _write_direct(os.path.join(folders[i % len(folders)], f"{i:08x}"), src, n, os.O_CREAT | os.O_EXCL)
+            if not defer:
+                fsync_path(os.path.join(folders[i % len(folders)], f"{i:08x}"))
+            return
         fd = os.open(os.path.join(folders[i % len(folders)], f"{i:08x}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = src[:n]

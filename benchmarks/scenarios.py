@@ -199,6 +199,35 @@ def dcp_async(state: Any, path: str) -> tuple[float, float]:
 #: The disk written as a content-addressed store would be at best: 4 MiB objects from 4
 #: threads, each handed to the disk as soon as written, fsync'd together at the end.
 DISK_OBJECTS = "disk: 4 MiB objects x4, early writeback"
+DISK_ONE_FILE = "disk: one file + fsync"
+#: Past the page cache (where the file system takes O_DIRECT), as Ravex writes large objects:
+#: one stream, and 4 MiB objects from 8 threads (the fastest way found on this VM's disk:
+#: 0.34-0.39 s per GiB against 0.39-0.57 s for 16 MiB objects from 4 threads, 13:11 UTC 2026-12-04).
+DISK_DIRECT = "disk: one file, O_DIRECT + fsync"
+DISK_OBJECTS_DIRECT = "disk: 4 MiB objects x8, O_DIRECT"
+
+
+def per_round_fraction(ravex_bg: list[float], disk: dict[str, list[float]]) -> dict[str, Any]:
+    """(a)'s "background write / disk bandwidth", round by round: in each round the disk's
+    best time for the same bytes (the fastest of its ways of writing them, each measured in
+    that round) over Ravex's background write in that round; the median of those ratios,
+    with a bootstrap 95% interval.
+
+    Why not the ratio of two medians: on this VM the disk's speed drifts by 2x over minutes
+    (and the buffered references swing with page-cache allocation), so medians taken over
+    rounds that each saw a different disk compare Ravex with a disk it never met. A ratio
+    within one round compares two writes a few seconds apart, after the same ``os.sync()``."""
+    rounds = []
+    for r, bg in enumerate(ravex_bg):
+        times = {n: ts[r] for n, ts in disk.items() if r < len(ts)}
+        best = min(times, key=times.__getitem__)
+        rounds.append({"ravex_background_s": _r(bg), "disk_s": _r(times[best]), "disk_reference": best,
+                       "fraction": _r(times[best] / bg, 3)})
+    fracs = [x["fraction"] for x in rounds if x["fraction"] is not None]
+    lo, hi = _median_ci95(fracs)
+    by_ref = {n: _r(_med([ts[r] / bg for r, bg in enumerate(ravex_bg) if r < len(ts)]), 3) for n, ts in disk.items()}
+    return {"median": _r(_med(fracs), 3), "ci95": [_r(lo, 3), _r(hi, 3)], "rounds": rounds,
+            "median_by_reference": by_ref}
 
 
 def a_stall(cfg: Config) -> dict[str, Any]:
@@ -214,8 +243,10 @@ def a_stall(cfg: Config) -> dict[str, Any]:
     os.makedirs(root)
     store = os.path.join(root, "ravex")
     first: dict[str, Any] = {}
+    direct = L.direct_io_supported(root)
+    disk_names = [DISK_ONE_FILE, DISK_OBJECTS] + ([DISK_DIRECT, DISK_OBJECTS_DIRECT] if direct else [])
     names = ["bare copy into reused buffers", "ravex.checkpoint", "torch.save", "safetensors.save_file",
-             "dcp.save", "dcp.async_save", "disk: one file + fsync", DISK_OBJECTS]
+             "dcp.save", "dcp.async_save", *disk_names]
     blocking = {n: Timed() for n in names}
     durable = {n: Timed() for n in names}
     ck_runs: list[dict[str, Any]] = []
@@ -247,8 +278,11 @@ def a_stall(cfg: Config) -> dict[str, Any]:
                 ("safetensors.save_file", sync(lambda p: C.safetensors_save(state, p))),
                 ("dcp.save", sync(lambda p: C.dcp_save(state, p))),
                 ("dcp.async_save", lambda p: dcp_async(state, p)),
-                ("disk: one file + fsync", sync(lambda p: L.disk_one_file(p, nbytes))),
+                (DISK_ONE_FILE, sync(lambda p: L.disk_one_file(p, nbytes))),
                 (DISK_OBJECTS, sync(lambda p: L.disk_objects(p, nbytes, defer=True, writeback=True))),
+                *([(DISK_DIRECT, sync(lambda p: L.disk_direct_file(p, nbytes))),
+                   (DISK_OBJECTS_DIRECT, sync(lambda p: L.disk_objects(p, nbytes, threads=8, defer=True, direct=True)))]
+                  if direct else []),
             ]
             for i, (name, fn) in _rotated(entries, rep):
                 path = os.path.join(root, f"{i}-r{rep}")
@@ -258,7 +292,7 @@ def a_stall(cfg: Config) -> dict[str, Any]:
                 blocking[name].times.append(b)
                 durable[name].times.append(d)
                 log(f"  rep {rep + 1}/{reps} {name:<32} blocks {b:7.3f} s  durable {d:7.3f} s")
-                if rep == reps - 1 and name in ("torch.save", "safetensors.save_file", "disk: one file + fsync"):
+                if rep == reps - 1 and name in ("torch.save", "safetensors.save_file", DISK_ONE_FILE):
                     keep[name] = path
                 else:
                     remove(path)
@@ -266,17 +300,19 @@ def a_stall(cfg: Config) -> dict[str, Any]:
     med = {n: blocking[n].median for n in names}
     stall = med["ravex.checkpoint"]
     copy = med["bare copy into reused buffers"]
-    # The disk's bandwidth is the better of the two ways of writing it: this virtual disk
-    # has had hours when one stream ran at 1 GiB/s and hours when it ran at 0.3 GiB/s
-    # while parallel writes stayed near 1 GiB/s. Against the better one, the goal is strict.
-    disk_by = {n: durable[n].median for n in ("disk: one file + fsync", DISK_OBJECTS)}
-    disk = min(disk_by.values())
-    bg = _med([r["background_s"] for r in ck_runs])
+    # The disk's bandwidth is the best of its ways of writing the same bytes, in each round:
+    # this virtual disk has had hours when one stream ran at 1 GiB/s and hours when it ran at
+    # 0.3 GiB/s while parallel writes stayed near 1 GiB/s. Against the best one, the goal is strict.
+    bg_rounds = [r["background_s"] for r in ck_runs]
+    frac = per_round_fraction(bg_rounds, {n: durable[n].times for n in disk_names})
+    disk_by = {n: durable[n].median for n in disk_names}
+    bg = _med(bg_rounds)
     out = {
         "state": {"tensors": len(arrays), "tensor_bytes": nbytes, "tensor_gib": round(nbytes / GIB, 4),
                   "width": dense.width, "layers": S.LAYERS},
         "blocking": {n: blocking[n].to_json(nbytes) for n in names},
         "durable": {n: durable[n].to_json(nbytes) for n in names},
+        "background_write_rounds": frac["rounds"],
         "ravex_checkpoints": [{k: (_r(v) if isinstance(v, float) else v) for k, v in r.items()} for r in ck_runs],
         "first_checkpoint": {k: {kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                              for k, v in first.items()},
@@ -289,10 +325,11 @@ def a_stall(cfg: Config) -> dict[str, Any]:
             "dcp_save_blocking_over_stall": _r(med["dcp.save"] / stall, 2),
             "dcp_async_blocking_over_stall": _r(med["dcp.async_save"] / stall, 2),
             "first_stall_over_bare_copy": _r(first["ravex.checkpoint"]["stall_s"] / copy, 3),
-            "background_write_fraction_of_disk": _r(disk / bg, 3),
-            "disk_reference": min(disk_by, key=disk_by.__getitem__),
-            "background_write_fraction_of_disk_one_file": _r(disk_by["disk: one file + fsync"] / bg, 3),
-            "background_write_fraction_of_disk_objects": _r(disk_by[DISK_OBJECTS] / bg, 3),
+            "background_write_fraction_of_disk": frac["median"],
+            "background_write_fraction_of_disk_ci95": frac["ci95"],
+            "background_write_fraction_of_disk_by_reference": frac["median_by_reference"],
+            # the former figure, kept to compare: best median of the disk over Ravex's median
+            "background_write_fraction_of_disk_of_medians": _r(min(disk_by.values()) / bg, 3),
             "ravex_durable_over_torch_save": _r(durable["ravex.checkpoint"].median / durable["torch.save"].median, 3),
             "ravex_durable_over_dcp_async": _r(durable["ravex.checkpoint"].median
                                                / durable["dcp.async_save"].median, 3),
@@ -370,7 +407,7 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
 
     step = open_store(kept["ravex"]).complete_steps()
     entries: list[tuple[str, str, Any]] = [
-        ("disk: read one file", kept.get("disk: one file + fsync", kept["torch.save"]), L.read_file),
+        ("disk: read one file", kept.get(DISK_ONE_FILE, kept["torch.save"]), L.read_file),
         ("torch.load", kept["torch.save"], C.torch_load),
         ("safetensors.load_file", kept["safetensors.save_file"], C.safetensors_load),
         ("ravex.load", kept["ravex"], lambda p: ravex.load(p)),
