@@ -11,9 +11,12 @@ from __future__ import annotations
 import ast
 import base64
 import copy
+import functools
 import json
+import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -442,11 +445,13 @@ def test_reader_sketch_in_the_spec_reads_the_writer(tmp_path: Path, compression:
         "c": np.array(7, dtype=np.int64),  # 0-d, inline
         "d": np.zeros((0, 3), dtype=np.float64),  # empty
         "e": rng.standard_normal((3, 2, 5)).astype(np.float16),
+        "t": rng.standard_normal((4101, 16)).astype(np.float32),  # a chunk table (§5.1): 1026 chunks, padded edge
     }
     store = open_store(str(tmp_path / "s"), create=True)
     with store.writer(compression=compression, chunk_bytes=4096) as w:
-        w.commit(1, arrays)
+        w.commit(1, arrays, chunk_bytes={"t": 256})
     manifest = json.loads((tmp_path / "s" / "steps" / "1" / "rank-0.json").read_text())
+    assert "table" in manifest["arrays"]["t"] and "chunks" in manifest["arrays"]["a"]
     for name, want in arrays.items():
         got = namespace["read_array"](tmp_path / "s", manifest["arrays"][name])
         assert got.shape == want.shape and got.tobytes() == want.tobytes(), name
@@ -485,3 +490,269 @@ def test_gc_deletes_nothing_when_a_manifest_cannot_be_read(tmp_path: Path) -> No
     except OSError:
         pass  # refusing to run is conforming too
     assert open_store(path).read(1)["x"].shape == (100_000,)
+
+
+# ---- chunk tables (§5.1, since 1.2): the spec's layout is the writer's, and readers of the spec read them ----
+
+
+@functools.cache
+def reference_reader() -> Any:
+    """spec/reference_reader.py, imported from its file (it is no package of the repository),
+    once: its FormatError is then one class."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ravex_spec_reference_reader", SPEC_DIR / "reference_reader.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TABLE_SHAPE = (1 << 14, 64)  # float32 in 2 KiB chunks: 2048 chunks of 8 rows
+
+
+@pytest.fixture(scope="module")
+def table_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict[str, np.ndarray]]]:
+    """A store whose two steps hold a chunk table: step 2 changes a few rows of step 1 (a delta).
+    Beside the table, a small array that stays a chunk map, and a 1-row-per-chunk 2-d table
+    whose edge chunk is padded."""
+    path = tmp_path_factory.mktemp("tables") / "s"
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal(TABLE_SHAPE).astype(np.float32)
+    ids = rng.integers(0, 2**31, (1201, 3), dtype=np.int64)  # 24-byte rows, chunks of 1 row: 1201 chunks
+    small = rng.standard_normal(10).astype(np.float32)
+    states = {1: {"t": table, "ids": ids, "small": small}}
+    table2 = table.copy()
+    table2[[0, 9, 4000, TABLE_SHAPE[0] - 1]] += 1.0  # chunks 0, 1, 500 and the last one change
+    states[2] = {"t": table2, "ids": ids, "small": small}
+    store = open_store(str(path), create=True)
+    with store.writer(chunk_bytes=2048) as w:
+        w.commit(1, states[1], chunk_bytes={"ids": 24})
+        w.commit(2, states[2], chunk_bytes={"ids": 24})
+    return path, states
+
+
+def _table_manifest(path: Path, step: int) -> dict:
+    return json.loads((path / "steps" / str(step) / "rank-0.json").read_text())
+
+
+def test_table_store_is_written_as_the_spec_says(table_store: tuple[Path, dict]) -> None:
+    from ravex.format._version import SPEC_VERSION, TABLE_SPEC_VERSION
+
+    path, _ = table_store
+    for step in (1, 2):
+        doc = _table_manifest(path, step)
+        assert doc["version"] == TABLE_SPEC_VERSION == "1.2"
+        assert set(doc["arrays"]["t"]) == {"zarr", "table"}  # else nothing below tests a table
+        assert set(doc["arrays"]["ids"]) == {"zarr", "table"}
+        assert set(doc["arrays"]["small"]) == {"zarr", "chunks"}
+        assert_valid(schema("manifest.schema.json"), doc)
+    # a store without a table stays 1.0 (§5.1: only manifests holding a table say 1.2)
+    store = open_store(str(path.parent / "plain"), create=True)
+    with store.writer(chunk_bytes=2048, tables=False) as w:
+        w.commit(1, {"t": np.zeros(TABLE_SHAPE, np.float32)})
+    doc = _table_manifest(path.parent / "plain", 1)
+    assert doc["version"] == SPEC_VERSION == "1.0" and "chunks" in doc["arrays"]["t"]
+
+
+def test_reference_reader_reads_tables_bit_exact(table_store: tuple[Path, dict]) -> None:
+    rr = reference_reader()
+    assert rr.xxhash is not None  # the reader checks every chunk's raw digest, so a wrong column is caught
+    path, states = table_store
+    for step, want in states.items():
+        arrays, tree = rr.read_step(str(path), step)
+        assert set(arrays) == set(want)
+        for name, array in want.items():
+            assert arrays[name].dtype == array.dtype and arrays[name].tobytes() == array.tobytes(), (step, name)
+        assert tree["t"] is arrays["t"]
+
+
+def _spec_columns() -> list[tuple[str, str, int]]:
+    """(name, start as written, bytes per row) of §5.1's column table."""
+    section = spec_section("Manifest").split("### 5.1", 1)[1]
+    rows = re.findall(r"^\| ([a-z ]+) \| (0|16 · `n`|20 · `n`|28 · `n`) \| (\d+)[ ,]", section, flags=re.M)
+    return [(name, start, int(width)) for name, start, width in rows]
+
+
+def _decode_as_spec_says(table: dict, n: int) -> dict[str, list]:
+    """A table's columns decoded from §5.1's column table alone (start, width; little-endian)."""
+    data = base64.b64decode(table["rows"], validate=True)
+    out: dict[str, list] = {}
+    for name, start, width in _spec_columns():
+        at = int(start.split(" ")[0]) * (n if "n" in start else 1)
+        col = data[at : at + width * n]
+        out[name] = [col[i * width : (i + 1) * width].hex() if name == "raw" else
+                     int.from_bytes(col[i * width : (i + 1) * width], "little") for i in range(n)]
+    return out
+
+
+def test_spec_table_layout_and_constants_match_the_code(table_store: tuple[Path, dict]) -> None:
+    from ravex.format._version import TABLE_SPEC_VERSION
+    from ravex.format.chunktable import ROW_BYTES
+    from ravex.format.tabledelta import TABLE_MIN_CHUNKS
+    from ravex.format.writer import PACK_MAX_CHUNK_BYTES
+
+    section = spec_section("Manifest").split("### 5.1", 1)[1]
+    columns = _spec_columns()
+    assert [c[0] for c in columns] == ["raw", "object index", "offset", "size"]
+    assert sum(width for _, _, width in columns) == ROW_BYTES == reference_reader().ROW_BYTES
+    assert f"`n` · {ROW_BYTES} bytes" in section and f"{ROW_BYTES} bytes a chunk" in section
+    assert f"{math.ceil(ROW_BYTES * 4 / 3)} in base64" in section
+    assert f"`TABLE_MIN_CHUNKS` = {TABLE_MIN_CHUNKS} chunks" in section
+    assert f"fewer than {PACK_MAX_CHUNK_BYTES} decoded bytes" in section
+    assert f'`version` `"{TABLE_SPEC_VERSION}"`' in section
+    assert "### 5.1 Chunk tables (since " + TABLE_SPEC_VERSION + ")" in spec_text()
+    assert f"{TABLE_SPEC_VERSION} adds chunk tables" in spec_section("Versioning")
+    # the columns, decoded from the spec's table alone, are Ravex's parse of the same table
+    path, _ = table_store
+    doc = _table_manifest(path, 2)
+    m = Manifest.from_json(doc, "table store")
+    for name in ("t", "ids"):
+        table = m.arrays[name].chunks
+        n = len(table)
+        cols = _decode_as_spec_says(doc["arrays"][name]["table"], n)
+        keys = list(table)
+        assert keys[:2] == ["c/0/0", "c/1/0"] and n == math.prod(m.arrays[name].grid)
+        assert [table[k].raw for k in keys] == cols["raw"]
+        assert [table[k].object for k in keys] == [doc["arrays"][name]["table"]["objects"][i]
+                                                  for i in cols["object index"]]
+        assert [table[k].offset for k in keys] == cols["offset"]
+        assert [table[k].size for k in keys] == cols["size"]
+
+
+def test_delta_reuses_table_rows_at_the_same_grid_index(table_store: tuple[Path, dict]) -> None:
+    """§13: a row whose chunk did not change is the base's row (pack, offset, size); a changed one is not."""
+    rr = reference_reader()
+    path, _ = table_store
+    before, after = (_table_manifest(path, s)["arrays"]["t"] for s in (1, 2))
+    a, b = (rr.table_chunks(e["zarr"], e["table"], "t") for e in (before, after))
+    changed = {k for k in a if a[k] != b[k]}
+    last = TABLE_SHAPE[0] // 8 - 1
+    assert changed == {"c/0/0", "c/1/0", "c/500/0", f"c/{last}/0"}
+    assert all(a[k]["raw"] != b[k]["raw"] for k in changed)
+
+
+def _mutated_table(doc: dict, mutate: Any) -> dict:
+    doc = copy.deepcopy(doc)
+    entry = doc["arrays"]["t"]
+    table = entry["table"]
+    n = len(base64.b64decode(table["rows"])) // 32
+    rows = bytearray(base64.b64decode(table["rows"]))
+    result = mutate(entry, table, rows, n)
+    if isinstance(result, str):  # the rows member itself, as written
+        table["rows"] = result
+        return doc
+    if result is not None:
+        rows = result
+    table["rows"] = base64.b64encode(bytes(rows)).decode()
+    return doc
+
+
+def _size_limit(entry: dict) -> int:
+    """§5's bound on a stored size, as the spec states it."""
+    d = 16 * math.prod(entry["zarr"]["chunk_grid"]["configuration"]["chunk_shape"])
+    return d + d // 64 + 4096
+
+
+def _bad_tables() -> list[tuple[str, Any]]:
+    def short_rows(e: dict, t: dict, rows: bytearray, n: int) -> bytearray:
+        return rows[:-32]
+
+    def long_rows(e: dict, t: dict, rows: bytearray, n: int) -> bytearray:
+        return rows + bytes(32)
+
+    def index_past_objects(e: dict, t: dict, rows: bytearray, n: int) -> None:
+        rows[16 * n + 4 * 7 : 16 * n + 4 * 8] = len(t["objects"]).to_bytes(4, "little")
+
+    def bad_object_name(e: dict, t: dict, rows: bytearray, n: int) -> None:
+        t["objects"][0] = "../../etc/passwd"
+
+    def huge_size(e: dict, t: dict, rows: bytearray, n: int) -> None:
+        rows[28 * n + 4 * 3 : 28 * n + 4 * 4] = (_size_limit(e) + 1).to_bytes(4, "little")
+
+    def not_base64(e: dict, t: dict, rows: bytearray, n: int) -> str:
+        return base64.b64encode(bytes(rows)).decode()[:-2] + "!!"
+
+    return [(f.__name__, f) for f in (short_rows, long_rows, index_past_objects, bad_object_name, huge_size,
+                                      not_base64)]
+
+
+@pytest.mark.parametrize(("name", "mutate"), _bad_tables(), ids=[n for n, _ in _bad_tables()])
+def test_readers_reject_what_5_1_says_they_must(table_store: tuple[Path, dict], tmp_path: Path, name: str,
+                                                mutate: Any) -> None:
+    """Each check §5.1 makes a MUST is made by the reference reader and by Ravex alike."""
+    from ravex.format.errors import RavexError
+
+    path, _ = table_store
+    root = tmp_path / "s"
+    shutil.copytree(path, root)
+    doc = _mutated_table(_table_manifest(path, 2), mutate)
+    (root / "steps" / "2" / "rank-0.json").write_text(json.dumps(doc))
+    with pytest.raises(reference_reader().FormatError):
+        reference_reader().read_step(str(root), 2)
+    with pytest.raises(RavexError):
+        Manifest.from_json(doc, "mutated")
+    if name in ("bad_object_name", "not_base64"):
+        assert list(schema("manifest.schema.json").iter_errors(doc))
+
+
+def test_the_size_bound_of_5_is_the_code_s(table_store: tuple[Path, dict]) -> None:
+    """A row at the bound §5 states parses; one byte more does not (Ravex and the reference reader)."""
+    rr = reference_reader()
+    path, _ = table_store
+    doc = _table_manifest(path, 2)
+    limit = _size_limit(doc["arrays"]["t"])
+
+    def sized(size: int) -> Any:
+        def mutate(e: dict, t: dict, rows: bytearray, n: int) -> None:
+            rows[28 * n : 28 * n + 4] = size.to_bytes(4, "little")
+        return mutate
+
+    Manifest.from_json(_mutated_table(doc, sized(limit)), "at the bound")
+    with pytest.raises(Exception, match="larger than a chunk"):
+        Manifest.from_json(_mutated_table(doc, sized(limit + 1)), "past the bound")
+    entry = _mutated_table(doc, sized(limit))["arrays"]["t"]
+    with pytest.raises(rr.FormatError, match=r"decoded to|truncated"):  # read, and refused after
+        rr.read_array(str(path), "t", entry["zarr"], rr.table_chunks(entry["zarr"], entry["table"], "t"))
+    entry = _mutated_table(doc, sized(limit + 1))["arrays"]["t"]
+    with pytest.raises(rr.FormatError, match="stored size exceeds"):
+        rr.read_array(str(path), "t", entry["zarr"], rr.table_chunks(entry["zarr"], entry["table"], "t"))
+
+
+def test_a_wrong_column_is_caught_by_the_digest_check(table_store: tuple[Path, dict], tmp_path: Path) -> None:
+    """Two rows' offsets swapped: every name and bound is valid, only §12's raw check can see it."""
+    rr = reference_reader()
+    path, _ = table_store
+    root = tmp_path / "s"
+    shutil.copytree(path, root)
+
+    def swap(e: dict, t: dict, rows: bytearray, n: int) -> None:
+        a, b = 20 * n + 8 * 100, 20 * n + 8 * 101
+        rows[a : a + 8], rows[b : b + 8] = rows[b : b + 8], rows[a : a + 8]
+
+    doc = _mutated_table(_table_manifest(path, 1), swap)
+    (root / "steps" / "1" / "rank-0.json").write_text(json.dumps(doc))
+    with pytest.raises(rr.FormatError, match="digest"):
+        rr.read_step(str(root), 1)
+
+
+@pytest.mark.parametrize("keep", ["both", "neither"])
+def test_an_array_entry_holds_exactly_one_of_chunks_and_table(table_store: tuple[Path, dict], tmp_path: Path,
+                                                              keep: str) -> None:
+    path, _ = table_store
+    root = tmp_path / "s"
+    shutil.copytree(path, root)
+    doc = _table_manifest(path, 1)
+    entry = doc["arrays"]["t"]
+    if keep == "both":  # a valid map beside the table
+        entry["chunks"] = {k: c.to_json() for k, c in Manifest.from_json(doc, "t").arrays["t"].chunks.items()}
+    else:
+        del entry["table"]
+    (root / "steps" / "1" / "rank-0.json").write_text(json.dumps(doc))
+    assert list(schema("manifest.schema.json").iter_errors(doc))
+    rr = reference_reader()
+    with pytest.raises(rr.FormatError, match="exactly one of 'chunks' and 'table'"):
+        rr.read_step(str(root), 1)
+    if keep == "neither":  # the message §16 quotes: what a 1.0/1.1 reader says of a table
+        with pytest.raises(Exception, match="entry has no 'chunks' map"):
+            Manifest.from_json(doc, "no chunks")
