@@ -547,6 +547,8 @@ def test_table_store_is_written_as_the_spec_says(table_store: tuple[Path, dict])
         assert set(doc["arrays"]["ids"]) == {"zarr", "table"}
         assert set(doc["arrays"]["small"]) == {"zarr", "chunks"}
         assert_valid(schema("manifest.schema.json"), doc)
+        section = spec_section("Manifest").split("### 5.1", 1)[1]
+        assert all(f"| `{member}` |" in section for member in doc["arrays"]["t"]["table"]), "a member not in §5.1"
     # a store without a table stays 1.0 (§5.1: only manifests holding a table say 1.2)
     store = open_store(str(path.parent / "plain"), create=True)
     with store.writer(chunk_bytes=2048, tables=False) as w:
