@@ -101,7 +101,7 @@ def _scenario_config(args: argparse.Namespace, sections: tuple[str, ...], scratc
     if args.quick:  # every scenario tiny: checks that it runs, nothing else
         cfg = SC.Config(size_mib=16, frozen_mib=16, bf16_mib=8, sparse_rows=1 << 14, sparse_dim=16,
                         sparse_sweep_rows=1 << 12, sparse_sweep_chunks=(1 << 20, 16 << 10), intervals=3, reps=2,
-                        a_reps=2, e_reps=2, overhead_pairs=2, overhead_steps=20, settle=False)
+                        a_reps=2, a_pairs=2, e_reps=2, overhead_pairs=2, overhead_steps=20, settle=False)
     else:
         cfg = SC.Config()
         if args.size_mib:

@@ -120,8 +120,9 @@ def tables(res: dict[str, Any]) -> list[Table]:
         if rounds:
             gib = a["state"]["tensor_bytes"] / (1 << 30)
             out.append((
-                "(a) background write against the disk, round by round (same bytes, fsync'd, os.sync() before "
-                "each; the disk's best of its ways of writing them in that round)",
+                "(a) background write against the disk, round by round (a training step, then Ravex and the "
+                "disk's ways of writing the same bytes back to back, fsync'd, os.sync() before each; the disk's "
+                "best way in that round)",
                 ["round", "ravex background s", "disk best s", "disk reference", "disk GiB/s", "fraction"],
                 [[str(i + 1), _f(r["ravex_background_s"]), _f(r["disk_s"]), r["disk_reference"],
                   _f(gib / r["disk_s"]) if r["disk_s"] else "-", _f(r["fraction"], ".3f") + "x"]
