@@ -88,6 +88,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{_repack_line(report, args.dry_run)}",
         soft_wrap=True,
     )
+    if report.skipped_objects_because:
+        kept = f"kept {_step_list(report.unreadable_steps)}and " if report.unreadable_steps else ""
+        console().print(
+            f"[yellow]ravex gc: {kept}deleted no object: {report.skipped_objects_because}; `ravex validate` "
+            "names the damage, or upgrade ravex if a newer version wrote it[/]", soft_wrap=True)
     return EXIT_OK
 
 

@@ -46,6 +46,9 @@ class StepInfo:
     ranks: tuple[int, ...]  # ranks whose manifest exists
     complete: bool
     problem: str | None = None  # why it is not complete, for validate and ls
+    #: a manifest is there but could not be read (a newer format, damage, a failed request):
+    #: unlike a missing rank's, that is no crashed write, and nothing deletes such a step
+    unreadable: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class StoreCatalog:
         try:
             first = self.manifest(step, ranks[0])
         except (RavexError, OSError) as exc:
-            return StepInfo(step, None, tuple(ranks), False, f"rank {ranks[0]}: {exc}")
+            return StepInfo(step, None, tuple(ranks), False, f"rank {ranks[0]}: {exc}", _unreadable(exc))
         world = first.world_size
         missing = _missing_ranks(ranks, world)
         if missing:
@@ -129,7 +132,7 @@ class StoreCatalog:
             try:
                 other = self.manifest(step, r)
             except (RavexError, OSError) as exc:
-                return StepInfo(step, world, tuple(ranks), False, f"rank {r}: {exc}")
+                return StepInfo(step, world, tuple(ranks), False, f"rank {r}: {exc}", _unreadable(exc))
             if other.world_size != world or other.run != first.run:
                 return StepInfo(
                     step, world, tuple(ranks), False,
@@ -245,7 +248,8 @@ class StoreCatalog:
         partial steps), so that a resumed run never mixes its manifests with theirs."""
         dropped = []
         for number in self.step_numbers():
-            if (step is None or number > step) and not self.step_info(number).complete:
+            info = self.step_info(number) if step is None or number > step else None
+            if info is not None and not info.complete and not info.unreadable:
                 self.delete_step(number)
                 dropped.append(number)
         return dropped
@@ -272,6 +276,11 @@ class StoreCatalog:
     def manifest_key(self, step: int, rank: int) -> str:
         """The key of rank ``rank``'s manifest of ``step`` in this timeline."""
         return manifest_key(step, rank, self.steps_prefix)
+
+
+def _unreadable(exc: BaseException) -> bool:
+    """Whether a manifest that failed to read is there (not one deleted since the listing)."""
+    return not isinstance(exc, StepNotFoundError)
 
 
 def _parsed_bytes(m: Manifest) -> int:

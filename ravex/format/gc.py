@@ -83,6 +83,8 @@ class GCReport:
     dry_run: bool = False
     #: set when a manifest could not be read: then no object is deleted at all
     skipped_objects_because: str | None = None
+    #: steps kept because a manifest of theirs is there but unreadable (a newer format, damage)
+    unreadable_steps: list[int | str] = field(default_factory=list)
     #: what repacking did (spec §14): packs whose live chunks were copied, manifests rewritten,
     #: and the dead share of the referenced object bytes before and after
     repack: RepackReport | None = None
@@ -173,6 +175,10 @@ def gc(
         ages = {s: f.mtime for s, f in listing.items() if f.mtime is not None}
         keep = retained_steps(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
         keep |= pinned.get(name, set()) & set(listing)
+        for step in set(listing) - keep:  # a manifest no one can read now is no crashed write: kept
+            if not is_complete(step) and infos[step].unreadable:
+                keep.add(step)
+                report.unreadable_steps.append(_ref(name, step))
         for step in listing:
             (report.kept_steps if step in keep else report.deleted_steps).append(_ref(name, step))
             if step not in keep:

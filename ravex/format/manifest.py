@@ -192,7 +192,9 @@ class Manifest:
             _check_zarr_meta(entry["zarr"], at)
             chunks = entry.get("chunks")
             parsed: Mapping[str, ChunkRef]
-            if "table" in entry and chunks is None:
+            if "table" in entry and chunks is not None:
+                raise ManifestError(f"{at}: entry holds both 'chunks' and 'table'; a writer writes one")
+            if "table" in entry:
                 parsed = ChunkTable.from_json(entry["table"], _grid(entry["zarr"]), f"{at} table", known_objects)
             elif isinstance(chunks, dict):
                 parsed = _chunk_map(chunks, at, known_objects)

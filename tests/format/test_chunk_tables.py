@@ -143,10 +143,13 @@ def _damage(doc: dict, how: str) -> dict:
         table["rows"] = base64.b64encode(rows).decode()
     elif how == "not an object":
         doc["arrays"]["emb"]["table"] = ["rows"]
+    elif how == "both forms":
+        doc["arrays"]["emb"]["chunks"] = {}
     return doc
 
 
-@pytest.mark.parametrize("how", ["not base64", "truncated", "object index", "object name", "size", "not an object"])
+@pytest.mark.parametrize("how", ["not base64", "truncated", "object index", "object name", "size", "not an object",
+                                 "both forms"])
 def test_a_damaged_table_is_refused_in_one_line(tmp_path: Path, how: str) -> None:
     commit(tmp_path, 1, table_state())
     path = tmp_path / "steps" / "1" / "rank-0.json"
