@@ -180,8 +180,10 @@ def read_array(root, path, meta, chunks):
         raise FormatError(f"tensor {path!r}: {len(chunks)} chunks for a grid of {grid}")  # before allocating
     limit = MAX_ITEMSIZE * math.prod(cshape)
     limit += limit // 64 + 4096  # what any codec chain makes of a full chunk, at most (§5)
-    if any(ref.get("size", 0) > limit for ref in chunks.values()):
-        raise FormatError(f"tensor {path!r}: a chunk's stored size exceeds {limit} bytes; the manifest is corrupt")
+    sizes = [len(ref["inline"]) * 3 // 4 if "inline" in ref else ref.get("size") for ref in chunks.values()]
+    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 0 <= n <= limit for n in sizes):
+        raise FormatError(f"tensor {path!r}: a chunk's stored size exceeds {limit} bytes or is not an integer; "
+                          "the manifest is corrupt")  # (inline: base64 is 4 characters per 3 bytes)
     fill = meta["fill_value"]
     out = np.full(shape, complex(*fill) if isinstance(fill, list) else fill, dtype)
     for key, ref in chunks.items():
