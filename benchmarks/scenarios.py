@@ -55,7 +55,7 @@ class Config:
     intervals: int = 10  # (b)/(d) checkpoints; (c) uses min(intervals, 4)
     reps: int = 3
     a_reps: int = 5  # (a) is the headline: more repetitions
-    a_pairs: int = 9  # (a) background write against the disk: Ravex and the disk's ways, a second apart
+    a_pairs: int = 15  # (a) background write against the disk: Ravex and the disk's ways, a second apart
     e_reps: int = 7  # (e) loads are cheap and swing with the VM's memory (fresh pages): more of them
     overhead_pairs: int = 40  # (f) interleaved off/on blocks
     overhead_steps: int = 100  # (f) steps per block
