@@ -3,7 +3,7 @@
     python -m benchmarks all                    # format + runtime + scenarios, budget table, plot
     python -m benchmarks all --quick            # smoke test of everything: tiny states, < 2 minutes
     python -m benchmarks runtime                # (a) stall, (e) load/resume, (f) patch overhead
-    python -m benchmarks scenarios              # (b) frozen, (c) sparse, (d) ten checkpoints, (g) bf16
+    python -m benchmarks scenarios              # (b) frozen, (c) sparse, (d) ten checkpoints, (g) bf16, (i) sparse CPU
     python -m benchmarks format                 # full run: ~1 GiB state, 3 repetitions
     python -m benchmarks format --quick         # smoke test: tiny state, well under a minute
     python -m benchmarks goodput                # (h) training time lost per checkpoint, busy loop
@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     f.set_defaults(func=_format)
     for name, what in (("all", "format suite + every scenario, budget table and plot"),
                        ("runtime", "(a) stall, (e) load/resume, (f) patch overhead, through ravex.activate()"),
-                       ("scenarios", "(b) frozen, (c) sparse embedding, (d) ten checkpoints, (g) bf16")):
+                       ("scenarios", "(b) frozen, (c) sparse embedding, (d) ten checkpoints, (g) bf16, "
+                                     "(i) sparse table CPU")):
         a = sub.add_parser(name, help=what)
         a.add_argument("--quick", action="store_true", help="smoke test: every scenario tiny (under 2 minutes)")
         a.add_argument("--size-mib", type=float, help="(a)/(e) dense state size; (b)/(d)/(g) get half; default 1024")
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         a.add_argument("--out", help=f"JSON path; default benchmarks/out/{name}[-quick].json")
         a.add_argument("--plot", help="PNG path; default next to the JSON")
         a.add_argument("--only", help="comma list of scenarios: a_stall,e_load,f_patch_overhead,b_frozen,"
-                                      "c_sparse,d_ten_checkpoints,g_bf16 (skips the format suite)")
+                                      "c_sparse,d_ten_checkpoints,g_bf16,i_sparse_cpu (skips the format suite)")
         a.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")
         a.add_argument("--silent", action="store_true", help="no progress lines on stderr")
         a.set_defaults(func=_scenarios)

@@ -24,6 +24,10 @@ GOALS: list[tuple[str, str, Any, str, float]] = [
      lambda r: r["c_sparse"]["ratios"]["full_over_written"], ">=", 6.0),
     ("(c) the same, refs.json counted too", ">= 6x",
      lambda r: r["c_sparse"]["ratios"].get("full_over_written_with_refs"), ">=", 6.0),
+    ("(i) sparse table (c), CPU per checkpoint: JSON chunk maps / chunk tables", ">= 4x",
+     lambda r: r["i_sparse_cpu"]["ratios"]["map_over_table_cpu"], ">=", 4.0),
+    ("(i) the same, manifest bytes: JSON chunk maps / chunk tables", ">= 2x",
+     lambda r: r["i_sparse_cpu"]["ratios"]["map_over_table_manifest_bytes"], ">=", 2.0),
     ("(d) Ravex store du / (1st full + 1.05 x changed per later ckpt)", "<= 1x",
      lambda r: _d_over_goal(r), "<=", 1.0),
     ("(e) ravex.load / torch.load", "<= 0.8x",
@@ -205,6 +209,18 @@ def tables(res: dict[str, Any]) -> list[Table]:
             f"{'-' if sw['largest_chunk_meeting_6x'] is None else str(sw['largest_chunk_meeting_6x'] >> 10) + ' KiB'}",
             ["writer", "full MiB", "written MiB (objects + manifest)", "refs.json MiB", "full / written",
              "with refs.json", "commit s"], rows3))
+    i = res.get("i_sparse_cpu")
+    if i:
+        t = i["table"]
+        out.append((
+            f"(i) sparse table {t['rows']} x {t['dim']} + SparseAdam ({_mib(t['state_bytes'])} MiB, {t['chunks']} "
+            f"chunks of 2 KiB), {t['rows_changed_per_interval']} rows per interval: CPU per checkpoint",
+            ["form", "CPU s (median)", "checkpoint -> durable s", "manifest MiB", "new MiB"],
+            [[form, _f(f["median_cpu_s"]), _f(f["median_durable_s"]), _mib(f["median_manifest_bytes"]),
+              _mib(f["median_new_bytes"])] for form, f in i["forms"].items()]
+            + [["map / table", _f(i["ratios"]["map_over_table_cpu"], ".1f") + "x",
+                _f(i["ratios"]["map_over_table_durable"], ".1f") + "x",
+                _f(i["ratios"]["map_over_table_manifest_bytes"], ".1f") + "x", ""]]))
     g = res.get("g_bf16")
     if g:
         out.append((f"(g) bf16 state {_mib(g['state_bytes'])} MiB: durable write, bytes stored",

@@ -11,6 +11,7 @@ user runs: ``ravex.activate()`` on live training objects and ``ravex.checkpoint(
 (e) load / resume against ``torch.load``
 (f) per-step overhead of the patches between checkpoints on a small model
 (g) bf16 state with and without compression
+(i) (c)'s table: CPU a checkpoint takes, chunk tables against JSON chunk maps (``sparse_cpu.py``)
 
 Repetitions are interleaved and rotated as in the format suite; figures are medians and
 ratios. The machine is shared: absolute seconds are context, ratios are the figures.
@@ -40,7 +41,7 @@ from .util import GIB, MIB, Timed, apparent_size, du, remove
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 RUNTIME = ("a_stall", "e_load", "f_patch_overhead")
-SCENARIOS = ("b_frozen", "c_sparse", "d_ten_checkpoints", "g_bf16")
+SCENARIOS = ("b_frozen", "c_sparse", "d_ten_checkpoints", "g_bf16", "i_sparse_cpu")
 
 
 @dataclass
@@ -914,5 +915,13 @@ def run(cfg: Config) -> dict[str, Any]:
         results["c_sparse"] = c_sparse(cfg)
     if "g_bf16" in cfg.sections:
         results["g_bf16"] = g_bf16(cfg)
+    if "i_sparse_cpu" in cfg.sections:
+        from ravex.format.tabledelta import TABLE_MIN_CHUNKS
+
+        from . import sparse_cpu
+
+        rows = max(cfg.sparse_rows, TABLE_MIN_CHUNKS * 2048 // (4 * cfg.sparse_dim))  # a table even when quick
+        results["i_sparse_cpu"] = sparse_cpu.run(sparse_cpu.Config(
+            rows=rows, dim=cfg.sparse_dim, intervals=3, reps=min(cfg.reps, 2), scratch=cfg.scratch, log=cfg.log))
     results["wall_s"] = round(time.perf_counter() - t0, 1)
     return results
