@@ -377,8 +377,10 @@ class StepWriter:
             wait(jobs)
             self.store.storage.discard(pending)
             raise
+        # The target tier's budget: the new packed bytes of chunk maps only. A table's changed rows
+        # pay for no re-storing: its packs drop below the target after a commit or two, and holding
+        # them to it would store the changes again on every commit; they keep to the floor (§13).
         packed = sum(len(r.data) for r in {r.identity: r for _, _, (r, _) in results if isinstance(r, _Small)}.values())
-        packed += sum(int((~d.reused).sum()) * arr.chunk_len for arr, d in zip(tables, deltas, strict=True))
         live = _live_by_pack(ref for _, _, (ref, fresh) in results if not fresh)
         for d in deltas:
             for name, n in d.live_by_pack().items():
