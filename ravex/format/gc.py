@@ -175,8 +175,11 @@ def gc(
         ages = {s: f.mtime for s, f in listing.items() if f.mtime is not None}
         keep = retained_steps(list(listing), is_complete, keep_last, keep_every, grace_seconds, now, ages)
         keep |= pinned.get(name, set()) & set(listing)
-        for step in set(listing) - keep:  # a manifest no one can read now is no crashed write: kept
-            if not is_complete(step) and infos[step].unreadable:
+        # A step the policy dropped as incomplete because a manifest of it is there but unreadable
+        # is no crashed write (manifests land atomically): kept. Steps the policy never asked about
+        # (older than what it keeps) go by the policy, unread.
+        for step in sorted(set(infos) - keep):
+            if not infos[step].complete and infos[step].unreadable:
                 keep.add(step)
                 report.unreadable_steps.append(_ref(name, step))
         for step in listing:
