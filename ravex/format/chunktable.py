@@ -70,6 +70,12 @@ class ChunkTable(Mapping[str, ChunkRef]):
         for index in np.ndindex(*self.grid):
             yield "c/" + "/".join(map(str, index))
 
+    def key(self, row: int) -> str:
+        """The chunk key of row ``row`` (C order of the grid)."""
+        if not self.grid:
+            return "c"
+        return "c/" + "/".join(str(int(i)) for i in np.unravel_index(row, self.grid))
+
     def __getitem__(self, key: str) -> ChunkRef:
         row = self.row_of(key)
         if row is None:
@@ -86,7 +92,7 @@ class ChunkTable(Mapping[str, ChunkRef]):
         """Every entry, as ChunkRefs built once: a reader walks a table's entries several times
         (checks, planning runs, reading); the writer and GC use the columns instead."""
         if self._refs is None:
-            hexes = self.raw.tobytes().hex()
+            hexes = self._hexes()
             names = [self.objects[i] for i in self.obj.tolist()]
             self._refs = [ChunkRef(raw=hexes[32 * i : 32 * i + 32], size=s, object=o, offset=f)
                           for i, (o, f, s) in enumerate(zip(names, self.offset.tolist(), self.size.tolist(),
@@ -106,9 +112,13 @@ class ChunkTable(Mapping[str, ChunkRef]):
                         object=self.objects[int(self.obj[row])], offset=int(self.offset[row]))
 
     def raw_hex(self, row: int) -> str:
+        return self._hexes()[row * DIGEST_HEX_LEN : (row + 1) * DIGEST_HEX_LEN]
+
+    def _hexes(self) -> str:
+        """Every row's raw digest in hex, one after the other (made once)."""
         if self._hex is None:
             self._hex = self.raw.tobytes().hex()
-        return self._hex[row * DIGEST_HEX_LEN : (row + 1) * DIGEST_HEX_LEN]
+        return self._hex
 
     # ---- what the hot paths use -------------------------------------------------------
 
@@ -119,6 +129,11 @@ class ChunkTable(Mapping[str, ChunkRef]):
     def stored_bytes(self) -> int:
         return int(self.size.sum())
 
+    def reads_from(self, packs: set[str]) -> np.ndarray:
+        """Per row, whether its bytes are in one of ``packs``."""
+        doomed = [i for i, name in enumerate(self.objects) if name in packs]
+        return np.isin(self.obj, np.array(doomed, dtype=np.uint32))
+
     def pack_ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(object index, offset, size) of each distinct byte range the rows read, sorted by
         object then offset: rows of identical chunks share one range."""
@@ -126,10 +141,6 @@ class ChunkTable(Mapping[str, ChunkRef]):
             first = distinct_ranges(self.obj, self.offset)
             self._ranges = (self.obj[first].astype(np.int64), self.offset[first], self.size[first])
         return self._ranges
-
-    def with_objects(self, objects: tuple[str, ...], obj: np.ndarray, offset: np.ndarray) -> ChunkTable:
-        """The same chunks, with their bytes at other objects and offsets (GC's repacking)."""
-        return ChunkTable(self.grid, objects, self.raw, obj, offset, self.size)
 
     # ---- JSON -------------------------------------------------------------------------
 
@@ -194,6 +205,19 @@ def distinct_ranges(obj: np.ndarray, offset: np.ndarray) -> np.ndarray:
     keep = np.ones(order.size, dtype=bool)
     keep[1:] = (o[1:] != o[:-1]) | (f[1:] != f[:-1])
     return order[keep]
+
+
+def compact_table(grid: tuple[int, ...], raw: np.ndarray, names: list[str], obj: np.ndarray,
+                  offset: np.ndarray, size: np.ndarray) -> ChunkTable:
+    """A table whose row ``i`` reads ``names[obj[i]]``: each name once in ``objects`` (a name
+    listed twice, one index), in the order of ``names``, and only the names some row reads."""
+    index: dict[str, int] = {}
+    ids = np.array([index.setdefault(name, len(index)) for name in names], dtype=np.int64)[obj]
+    used = np.unique(ids)
+    remap = np.zeros(len(index), np.uint32)
+    remap[used] = np.arange(used.size, dtype=np.uint32)
+    unique = list(index)
+    return ChunkTable(grid, tuple(unique[i] for i in used.tolist()), raw, remap[ids], offset, size)
 
 
 def table_of(refs: Mapping[str, ChunkRef], grid: tuple[int, ...]) -> ChunkTable | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,7 +250,11 @@ def _check_zarr_meta(meta: dict[str, Any], where: str) -> None:
 
 def _grid(meta: dict[str, Any]) -> tuple[int, ...]:
     """Chunks along each dimension of a checked ``zarr.json``."""
-    shape, chunk_shape = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
+    return grid_of(meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"])
+
+
+def grid_of(shape: Sequence[int], chunk_shape: Sequence[int]) -> tuple[int, ...]:
+    """Chunks along each dimension of an array of ``shape`` in chunks of ``chunk_shape``."""
     return tuple(math.ceil(s / c) for s, c in zip(shape, chunk_shape, strict=True))
 
 

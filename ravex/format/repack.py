@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .chunkref import ChunkRef
-from .chunktable import ChunkTable
+from .chunktable import ChunkTable, compact_table
 from .codecs import pipeline
 from .dtypes import data_type
 from .errors import RavexError
@@ -292,11 +292,7 @@ def _table_ranges(table: ChunkTable) -> list[tuple[str, np.ndarray]]:
 
 def _table_refs_in(table: ChunkTable, packs: set[str]) -> list[tuple[str, ChunkRef]]:
     """(chunk key, entry) of the rows of ``table`` whose bytes are in one of ``packs``."""
-    doomed = [i for i, name in enumerate(table.objects) if name in packs]
-    if not doomed:
-        return []
-    keys = list(table)
-    return [(keys[row], table.ref(row)) for row in np.flatnonzero(np.isin(table.obj, doomed)).tolist()]
+    return [(table.key(row), table.ref(row)) for row in np.flatnonzero(table.reads_from(packs)).tolist()]
 
 
 def dead_bytes(present: Iterable[PresentManifest], sizes: dict[str, int]) -> tuple[int, int]:
@@ -500,19 +496,14 @@ def _moved_table(table: ChunkTable, moved: dict[tuple[str, int, int], tuple[str,
                  chosen: set[str]) -> ChunkTable:
     """``table`` with its rows in ``chosen`` packs where ``moved`` says (refusing, as for a map
     entry, a range that was not copied); the objects no row reads any more are dropped."""
-    objects = list(table.objects)
-    index = {name: i for i, name in enumerate(objects)}
-    obj, offset = table.obj.copy(), table.offset.copy()
-    doomed = [i for i, name in enumerate(table.objects) if name in chosen]
-    for row in np.flatnonzero(np.isin(table.obj, doomed)).tolist():
+    names = list(table.objects)
+    obj, offset = table.obj.astype(np.int64), table.offset.copy()
+    for row in np.flatnonzero(table.reads_from(chosen)).tolist():
         name, at, size = table.objects[int(obj[row])], int(offset[row]), int(table.size[row])
         target = moved.get((name, at, size))
         if target is None:
             raise ValueError(f"bytes [{at}, +{size}) of {name} were not copied")
-        obj[row] = index.setdefault(target[0], len(index))
+        obj[row] = len(names)
+        names.append(target[0])
         offset[row] = target[1]
-    objects = list(index)
-    used = np.unique(obj)
-    remap = np.zeros(len(objects), np.uint32)
-    remap[used] = np.arange(used.size, dtype=np.uint32)
-    return table.with_objects(tuple(objects[i] for i in used.tolist()), remap[obj], offset)
+    return compact_table(table.grid, table.raw, names, obj, offset, table.size)

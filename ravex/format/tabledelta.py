@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .chunktable import ChunkTable, distinct_ranges
+from .chunktable import ChunkTable, compact_table, distinct_ranges
 from .hashing import digest_bytes
 
 #: An array of at least this many chunks, each smaller than a pack's small-chunk limit, is
@@ -88,12 +88,9 @@ class TableDelta:
         if self.base is None or not packs:
             return 0, 0
         b = self.base
-        doomed = np.array([i for i, name in enumerate(b.objects) if name in packs], dtype=np.uint32)
-        if not doomed.size:
-            return 0, 0
         m = min(self.reused.size, len(b))
         hit = np.zeros(self.reused.size, dtype=bool)
-        hit[:m] = self.reused[:m] & np.isin(b.obj[:m], doomed)
+        hit[:m] = self.reused[:m] & b.reads_from(packs)[:m]
         self.reused &= ~hit
         rows = np.flatnonzero(hit)
         return int(rows.size), int(b.size[rows[distinct_ranges(b.obj[rows], b.offset[rows])]].sum())
@@ -119,27 +116,16 @@ class TableDelta:
         (``pack_names[pack_of[k]]``, ``offset_of[k]``, ``size_of[k]``)."""
         n = self.raw.shape[0]
         assert math.prod(grid) == n
-        obj = np.empty(n, np.uint32)
+        base_objects = list(self.base.objects) if self.base is not None else []
+        obj = np.empty(n, np.int64)  # into base_objects + pack_names
         offset = np.empty(n, np.int64)
         size = np.empty(n, np.int64)
-        objects: list[str] = []
-        if self.base is not None and self.reused.any():
+        if self.base is not None:
             rows = np.flatnonzero(self.reused)
-            used = np.unique(self.base.obj[rows])
-            remap = np.zeros(len(self.base.objects), np.uint32)
-            remap[used] = np.arange(used.size, dtype=np.uint32)
-            objects = [self.base.objects[i] for i in used.tolist()]
-            obj[rows] = remap[self.base.obj[rows]]
+            obj[rows] = self.base.obj[rows]
             offset[rows] = self.base.offset[rows]
             size[rows] = self.base.size[rows]
-        if fresh.size:
-            packs = np.unique(pack_of)
-            index = {name: i for i, name in enumerate(objects)}
-            remap = np.zeros(len(pack_names), np.uint32)
-            for p in packs.tolist():
-                remap[p] = index.setdefault(pack_names[p], len(index))
-            objects = list(index)
-            obj[fresh] = remap[pack_of]
-            offset[fresh] = offset_of
-            size[fresh] = size_of
-        return ChunkTable(grid, tuple(objects), self.raw, obj, offset, size)
+        obj[fresh] = len(base_objects) + pack_of
+        offset[fresh] = offset_of
+        size[fresh] = size_of
+        return compact_table(grid, self.raw, base_objects + pack_names, obj, offset, size)

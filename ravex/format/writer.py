@@ -38,7 +38,7 @@ from .dtypes import DataType, from_numpy
 from .errors import RavexError, UnsupportedValueError
 from .gc import DEFAULT_GRACE_SECONDS
 from .hashing import digest
-from .manifest import ArrayEntry, Manifest
+from .manifest import ArrayEntry, Manifest, grid_of
 from .names import escape_key, object_key
 from .refs import refs_worth_writing, write_refs
 from .tabledelta import TABLE_MIN_CHUNKS, TableDelta, hash_rows, pad, row_batches, row_view
@@ -160,7 +160,7 @@ class _PlannedArray:
 
     @property
     def grid(self) -> tuple[int, ...]:
-        return tuple(math.ceil(s / c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
+        return grid_of(self.shape, self.chunk_shape)
 
     def chunk_list(self) -> list[tuple[str, memoryview]]:
         """(chunk key, raw bytes) of each chunk."""
@@ -468,7 +468,7 @@ class StepWriter:
         if self.delta:
             self._base, self._tables, self._base_packs = _reuse_index(manifest, self.tables)
             self._base_step, self._base_at = step, time.monotonic()
-        packs = _packs_named(manifest)
+        packs = {name for entry in manifest.arrays.values() for name in entry.object_names()}
         self._pack_sizes = {name: size for name, size in self._pack_sizes.items() if name in packs}
         t_refs = time.perf_counter()
         if self.world_size == 1:  # complete now; with several ranks, whoever sees it complete calls write_refs
@@ -497,7 +497,7 @@ class StepWriter:
         reused chunks read) that it stores afresh instead: those it covers less than
         PACK_LIVE_FLOOR of, then, sparsest first, those it covers less than PACK_LIVE_TARGET of
         while the bytes re-stored for them total at most ``budget`` (the commit's new packed
-        bytes: its packs at most double).
+        bytes of chunk maps: those packs at most double).
 
         A pack this commit would name for a few chunks (an RNG state, a frozen bias, while
         the rest of the pack changed) would stay alive for them after GC has collected the
@@ -739,17 +739,6 @@ def _live_by_pack(reused: Iterator[ChunkRef | _Small]) -> dict[str, int]:
         if isinstance(ref, ChunkRef) and ref.object is not None and ref.offset is not None:
             used.setdefault(ref.object, {})[ref.offset] = ref.size
     return {name: sum(ranges.values()) for name, ranges in used.items()}
-
-
-def _packs_named(manifest: Manifest) -> set[str]:
-    """The pack objects a manifest's chunk entries read."""
-    names: set[str] = set()
-    for entry in manifest.arrays.values():
-        if isinstance(entry.chunks, ChunkTable):
-            names |= entry.chunks.used_objects()
-        else:
-            names.update(ref.object for ref in entry.chunks.values() if ref.offset is not None and ref.object)
-    return names
 
 
 def _reuse_index(
