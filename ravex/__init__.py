@@ -151,7 +151,7 @@ def loop(iterable: Iterable[T]) -> Iterable[T]:
     runtime = lifecycle.get_runtime()
     if runtime is None or not runtime.enabled:
         return iterable
-    from ravex.runtime.loops import Loop, call_site
+    from ravex.runtime.position.loops import Loop, call_site
 
     return Loop(runtime, iterable, call_site(sys._getframe(1)))
 

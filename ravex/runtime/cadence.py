@@ -32,14 +32,14 @@ from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__
 
-from . import frames, headwatch, position, provenance
+from . import position, provenance
 from .breaker import CircuitBreaker
 from .chunking import chunk_bytes_for
 from .config import RavexConfig
 from .distributed import collectives, layout
-from .loops import Loop, main_loop_site
 from .loss import LastLoss
 from .plan import collect
+from .position import Loop, main_loop_site
 from .registry import KINDS, LoaderState
 from .resume import Resume
 
@@ -69,9 +69,10 @@ class Cadence(Resume):
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
         self._watch: _BackwardSteps | None = None
-        self._head_watch: headwatch.HeadWatch | None = None
+        self._head_watch: position.HeadWatch | None = None
         self._head_frame: FrameType | None = None  # the frame at its loop head, while its checkpoint is taken
         self._unsaved_said = False
+        self._after: dict[str, Any] | None = None  # a finished run's position past its training
         #: the tensor the last backward() ran on, read as each checkpoint's loss
         self.last_loss = LastLoss()
         self._run_record: RunRecord | None = None  # rank 0: what this run was, gathered once
@@ -171,7 +172,7 @@ class Cadence(Resume):
 
     def _await_loop_head(self) -> None:
         """No DataLoader to mark the step boundary: take the checkpoint where the script's
-        loop starts its next iteration (:class:`.headwatch.HeadWatch`), a point a rerun can
+        loop starts its next iteration (:class:`.position.HeadWatch`), a point a rerun can
         come back to; where that loop cannot be watched, at the next forward pass."""
         if self._head_watch is not None and not self._head_watch.done:
             return
@@ -183,7 +184,7 @@ class Cadence(Resume):
         if self.enabled and self.world_size == 1 and (self._due or self._exit_signal is not None):
             frame = position.innermost_frame(frame)
             while frame is not None:
-                self._head_watch = headwatch.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
+                self._head_watch = position.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
                 if self._head_watch is not None:
                     return
                 frame = position.innermost_frame(frame.f_back)
@@ -241,8 +242,12 @@ class Cadence(Resume):
             return
         if self._enumerate is not None:
             self.drop_enumerate()
+        if st.explicit_next is None:
+            st.explicit_next = position.drawn_explicitly(sys._getframe(2))
         if not self._due:
             self._check_time()
+        if st.explicit_next and self._head_watch is not None and not self._head_watch.done:
+            return  # the loop's head takes it, where a rerun can come back to
         if self._due or self._exit_signal is not None:
             self._clear_forward_hook()
             self._boundary(st)
@@ -301,9 +306,11 @@ class Cadence(Resume):
                 self._keepalive.setdefault(id(obj), obj)
 
     def _loader_active(self) -> bool:
+        """A DataLoader epoch is under way whose ``next()`` marks the step boundary: one a
+        ``for`` (the user's or a framework's) draws, not a ``next(it)`` in a loop's body."""
         for loader in self.registry.live("loaders"):
             st = self.registry.state_of(loader)
-            if st is not None and st.epoch >= 0 and not st.exhausted:
+            if st is not None and st.epoch >= 0 and not st.exhausted and not st.explicit_next:
                 return True
         return False
 
@@ -385,8 +392,8 @@ class Cadence(Resume):
         if self.world_size > 1:
             return None
         frame: FrameType | None
-        if reason == "exit" and self.last_script is not None and not frames.main_frames(sys._getframe()):
-            return position.capture_after(*self.last_script, self.config.script_variables)
+        if reason == "exit" and self._after is not None:
+            return self._after
         if self.loops:
             frame, mode = position.innermost_frame(sys._getframe(1)), "loop"
         elif self._head_frame is not None:
@@ -400,8 +407,9 @@ class Cadence(Resume):
         wanted = self.config.script_variables
         script, unsaved = (position.capture_variables(frame, wanted) if mode == "loop"
                            else position.capture(frame, mode, wanted))
-        if script is not None and mode != "loop":
-            self.last_script = (script, frame.f_code.co_filename)
+        main_file = position.main_file()
+        if script is not None and mode != "loop" and main_file:
+            self.last_script = (script, main_file)
         if unsaved and not self._unsaved_said and script is not None:
             self._unsaved_said = True
             logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "
@@ -410,6 +418,23 @@ class Cadence(Resume):
                            "the loop sets them; `script_variables: none` in ravex.yaml silences this",
                            frame.f_code.co_filename, ", ".join(unsaved))
         return script
+
+    def exit_checkpoint(self) -> None:
+        """The checkpoint of a run that ended normally, at its position past its training
+        (:func:`.position.capture_after`), so that a rerun runs only what follows the
+        training. Where the loop's position was known but no way past it can be recorded,
+        none is taken: the last checkpoint taken in the loop stays the resume point, and a
+        rerun replays the steps after it exactly, rather than restoring the final state
+        at the top of the loop and training on."""
+        if self.last_script is not None and not position.user_frames(sys._getframe()):
+            self._after = position.capture_after(*self.last_script, self.config.script_variables)
+            if self._after is None:
+                logger.info("ravex: finished at step %d; the code after the training loop at %s needs "
+                            "what no checkpoint holds, so step %s stays the resume point (a rerun "
+                            "replays the steps after it exactly)", self.step,
+                            position.describe(self.last_script[0]), self.last_checkpoint_step)
+                return
+        self._checkpoint_now(None, reason="exit")
 
     def flush(self) -> None:
         if self.backend is not None:

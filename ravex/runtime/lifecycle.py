@@ -126,6 +126,8 @@ class RavexRuntime(Cadence):
             self._scan_existing()
         self._open_backend()
         self._plan_resume()
+        if self.other_script is not None:
+            return  # another script's store: this run stays off (said by _plan_resume)
         self._install_signals()
         self._start_watch()
         self._wrap_excepthook()
@@ -140,7 +142,7 @@ class RavexRuntime(Cadence):
             if (final_checkpoint and self.enabled and self.config.checkpoint_on_exit
                     and not self._crashed and self._steps_here > 0
                     and self.step != self.last_checkpoint_step):
-                self._checkpoint_now(None, reason="exit")
+                self.exit_checkpoint()
             if self.backend is not None:
                 self.backend.flush()
                 self.backend.close()

@@ -26,6 +26,8 @@ as it is under ``state`` (indexes only); restore still reads them.
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from collections import Counter
 from typing import Any
@@ -38,12 +40,22 @@ from .rng import capture_rng
 TREE_FORMAT = 2
 
 
+@functools.cache
+def script_name() -> str | None:
+    """What names this run's script in its steps (``train.py``): a rerun of another script
+    (an evaluation beside the training, ``python -c``, a notebook, pytest) is not the run
+    that wrote them. None where the process has no main script file. Read once, at
+    activation: the interpreter removes ``__main__.__file__`` before the exit checkpoint."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return os.path.basename(path) if isinstance(path, str) else None
+
+
 def collect(registry: Registry, step: int, active_loader: LoaderState | None,
             loops: list[dict[str, Any]], script: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole training state as one tree, tensors aliasing live memory; ``loops`` are
     the wrapped loops' positions (:mod:`.loops`), ``script`` the main script's loop
     position and variables (:mod:`.position`)."""
-    tree: dict[str, Any] = {"ravex": {"step": step, "format": TREE_FORMAT}}
+    tree: dict[str, Any] = {"ravex": {"step": step, "format": TREE_FORMAT, "script": script_name()}}
     named = script_names()
     models = registry.models()
     tree["models"] = [

@@ -35,6 +35,9 @@ class LoaderState:
     pending_skip: int = 0  # batches the next iterator must skip at the sampler
     resume: dict[str, Any] | None = None  # this loader's entry in the checkpoint, until used
     resume_checked: bool = False
+    #: the epoch is drawn by explicit ``next()`` calls in a loop of the user's (not by a ``for``
+    #: over it): its ``next()`` is no step boundary a rerun can return to; None until seen
+    explicit_next: bool | None = None
 
 
 @dataclass

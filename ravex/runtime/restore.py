@@ -50,8 +50,11 @@ def tensors_in(tree: Any, read: dict[str, torch.Tensor] | None = None) -> Any:
 # ── restore ─────────────────────────────────────────────────────────────
 
 
-def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
-    """Put ``tree`` back into the live objects; check everything before changing anything."""
+def restore(registry: Registry, tree: dict[str, Any], where: str, partial: bool = False) -> None:
+    """Put ``tree`` back into the live objects; check everything before changing anything.
+    ``partial``: a rerun skipping a finished run's training may not have created what only
+    the training code creates (an optimizer built inside ``Trainer.run()``); the objects it
+    has are restored, the checkpoint's later ones are not needed."""
     fmt = tree.get("ravex", {}).get("format")
     if fmt not in _READS:
         raise RestoreError(f"{where}: state tree format {fmt!r} is not one of {list(_READS)}; "
@@ -60,6 +63,11 @@ def restore(registry: Registry, tree: dict[str, Any], where: str) -> None:
     optimizers = registry.live("optimizers")
     schedulers = registry.live("schedulers")
     scalers = registry.live("scalers")
+    if partial:
+        tree = dict(tree)
+        for key, live in (("models", models), ("optimizers", optimizers), ("schedulers", schedulers),
+                          ("scalers", scalers)):
+            tree[key] = tree[key][:len(live)]
     _check_counts(where, "model", models, tree["models"])
     _check_counts(where, "optimizer", optimizers, tree["optimizers"])
     _check_counts(where, "LR scheduler", schedulers, tree["schedulers"])

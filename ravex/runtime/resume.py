@@ -22,11 +22,11 @@ from typing import Any
 
 from ravex.saving.backend import CheckpointBackend
 
-from . import frames, patches, position, restore, rng
+from . import patches, position, restore, rng
 from .config import RavexConfig
 from .distributed import collectives, layout
-from .loops import ADVICE, Entry, Loop, main_loop_site
-from .reentry import EnumerateFrom, Reentry
+from .plan import script_name
+from .position import ADVICE, Entry, EnumerateFrom, Loop, Reentry, main_loop_site
 from .registry import LoaderState, Registry
 
 logger = logging.getLogger("ravex")
@@ -77,6 +77,10 @@ class Resume:
         #: a finished run's exit checkpoint records the line after its loop from it
         self.last_script: tuple[dict[str, Any], str] | None = None  # (position, main script file)
         self._peeked: tuple[int, Any] | None = None  # (step, what read_step gave) before _load_resume
+        #: the script that wrote the step this run found, when it is not this one: Ravex stays off
+        self.other_script: str | None = None
+        script_name()  # read while the main script's file is known (see script_name)
+        self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -86,12 +90,39 @@ class Resume:
             self._candidates = sorted(self.backend.complete_steps(), reverse=True)
         else:  # an older step of a timeline forks a new one for this run's steps (spec §19)
             self._candidates = [self.backend.resume_point(resume)]
+        if self._candidates and self._another_script():
+            self._candidates = []
+            return
         if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
             self._restored = False
             if self._plan_reentry():
                 self._triggers = patches.install_restore_triggers(self, forward=False)
             else:
                 self._triggers = patches.install_restore_triggers(self)
+
+    def _another_script(self) -> bool:
+        """Whether this process runs another script than the one that wrote the step it would
+        resume (its steps name their script, :func:`.plan.script_name`): an evaluation run
+        beside the training, ``python -c``, a notebook or pytest where a ``ravex.yaml`` lies.
+        Such a run is not the training's: Ravex stays off for it, says so once, and restores
+        and writes nothing, unless ``resume:`` names a step (then the user asked for it)."""
+        if self.config.resume != "auto" or self.world_size > 1 or self._written_by_several(self._candidates[0]):
+            return False
+        tree = self._load_resume()
+        theirs = ((tree or {}).get("ravex") or {}).get("script")
+        ours = script_name()
+        if tree is None or theirs is None or theirs == ours:
+            return False
+        self.other_script = theirs
+        assert self.backend is not None
+        logger.warning("ravex: %s is not the script that wrote %s (its step %s is %s's): Ravex stays "
+                       "off for this run and restores or writes nothing; `resume: %s` (RAVEX_RESUME=%s) "
+                       "resumes that step here, another `storage` checkpoints this script on its own",
+                       ours or "this interactive session", self.backend.url, self.resumed_from, theirs,
+                       self.resumed_from, self.resumed_from)
+        self.resumed_from = None
+        self._resume_tree = None
+        return True
 
     def _plan_reentry(self) -> bool:
         """A step that recorded the main script's loop position (:mod:`.position`) is restored
@@ -104,14 +135,14 @@ class Resume:
         script = (tree or {}).get("script")
         if not script or (tree or {}).get("loops"):
             return False
-        if not frames.supported():
+        if not position.supported():
             logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but this "
                            "interpreter's frames cannot be re-entered (CPython 3.11/3.12 without "
                            "another trace function can): the checkpoint is restored at the first "
                            "forward pass and the loop starts over", self.resumed_from,
                            position.describe(script))
             return False
-        main_file = frames.main_file()
+        main_file = position.main_file()
         moved = position.changed(script, main_file) if main_file else "the main script has no file"
         if moved is not None:
             logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
@@ -131,12 +162,15 @@ class Resume:
         against the live objects (its loaders' lengths, its shards), so not before they exist,
         and it records no script position to go back to."""
         assert self.backend is not None
+        if step in self._several:
+            return self._several[step]
         try:
             loaded = self.backend.read_step(step, self.rank, self.world_size)
         except Exception:  # unreadable: _load_resume falls back and says so
             return False
         self._peeked = (step, loaded)  # read once: _load_resume takes it from here
-        return loaded is not None and loaded.reader is not None
+        self._several[step] = loaded is not None and loaded.reader is not None
+        return self._several[step]
 
     def drop_enumerate(self) -> None:
         """The resumed epoch is running: ``enumerate`` is the builtin again."""
@@ -147,7 +181,16 @@ class Resume:
     def _restore_at_position(self, live: list[FrameType]) -> None:
         """The rerun reached the saved loop position: restore, with the script's variables."""
         reentry = self._reentry
-        self.ensure_restored()
+        finished = reentry is not None and reentry.mode == "after"
+        if finished and reentry is not None and reentry.script["frames"][-1]["after"]["line"] is None:
+            self._restored = True  # nothing of the script follows its training: nothing to restore into
+            for handle in self._triggers:
+                handle.remove()
+            self._triggers.clear()
+            logger.warning("ravex: this run had finished at step %s and nothing of the script follows "
+                           "its training: exiting without training again", self.resumed_from)
+            return
+        self.ensure_restored(partial=finished)
         if reentry is not None:
             position.put_variables(reentry.script, live)
 
@@ -222,8 +265,9 @@ class Resume:
         self._run_agreed = True
         return agreed
 
-    def ensure_restored(self) -> None:
-        """Restore the checkpoint into the live objects, once, before training touches them."""
+    def ensure_restored(self, partial: bool = False) -> None:
+        """Restore the checkpoint into the live objects, once, before training touches them
+        (``partial``: a finished run's, past its training, :func:`.restore.restore`)."""
         if self._restored:
             return
         self._restored = True
@@ -238,17 +282,23 @@ class Resume:
         started = time.perf_counter()
         assert self.backend is not None
         where = f"checkpoint step {self.resumed_from} in {self.backend.url!r}"
-        restore.restore(self.registry, tree, where)
+        restore.restore(self.registry, tree, where, partial)
         self.step = int(tree["ravex"]["step"])
         self.last_checkpoint_step = self.step
         self._resume_tree = None  # the tensors now live in the model; drop the copy
         logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
                     (time.perf_counter() - started) * 1000)
-        main_file = frames.main_file()
+        main_file = position.main_file()
         if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
             self.last_script = (tree["script"], main_file)
-        if self._reentry is not None:
+        if self._reentry is not None and self._reentry.mode == "after":
+            self._sync_loaders(tree)
+            after = self._reentry.script["frames"][-1]["after"]["line"]
+            logger.warning("ravex: this run had finished at step %d: its training is not run again%s",
+                           self.step, f"; the script goes on at {position.describe(self._reentry.script)}"
+                           if after is not None else ", and nothing of the script follows it: exiting")
+        elif self._reentry is not None:
             self._sync_loaders(tree)
             logger.info("ravex: back in the loop at %s where step %d was taken",
                         position.describe(self._reentry.script), self.step)
@@ -357,12 +407,31 @@ class Resume:
         """With a recorded loop position: the saved entry of the loader whose epoch the
         checkpoint interrupted, when this ``iter()`` is that loop's; None for any other."""
         reentry = self._reentry
-        if reentry is None or self._restored or not reentry.at_loader():
+        if reentry is None or self._restored:
+            return None
+        if reentry.mode == "head":
+            return self._drawn_loader(loader, st, reentry)
+        if not reentry.at_loader():
             return None
         st.resume_checked = True
         entry = self._loader_entry(loader, st, force=True)
         if entry is None or not entry.get("active"):
             self._position_lost("the DataLoader of that loop is not the one the checkpoint was taken in")
+            return None
+        st.epoch = int(entry["epoch"]) - 1
+        return entry
+
+    def _drawn_loader(self, loader: Any, st: LoaderState, reentry: Reentry) -> dict[str, Any] | None:
+        """A position at a loop's head, whose loop draws its batches with ``next(it)`` from an
+        iterator made before it (``data_iter = iter(loader)`` above a ``while True:``): that
+        ``iter()``, called from a recorded frame, of the loader the checkpoint interrupted
+        mid-epoch, resumes the epoch (replayed, consumed batches skipped); the restore waits
+        for the loop's head. Any other loader starts its epoch as the first run did."""
+        if not reentry.holds(position.innermost_frame(sys._getframe(3))):
+            return None
+        entry = self._loader_entry(loader, st, force=True)
+        if entry is None or entry.get("exhausted") or int(entry["epoch"]) < 0:
+            st.resume_checked = False  # counted on from the checkpoint once restored
             return None
         st.epoch = int(entry["epoch"]) - 1
         return entry
@@ -391,8 +460,9 @@ class Resume:
                 self._restore_here()
                 return _Empty()
             # Replay the epoch's start: same worker seeds, same shuffle order.
-            was_restored = self._restored
-            current = rng.capture_epoch_rng(loader) if was_restored else None
+            # restored already, or at a loop head still to come: the RNG streams stay as they are
+            later = self._reentry is not None and self._reentry.mode == "head"
+            current = rng.capture_epoch_rng(loader) if self._restored or later else None
             rng.restore_epoch_rng(loader, entry["epoch_rng"])
             st.exhausted = False
             st.pending_skip = st.yielded

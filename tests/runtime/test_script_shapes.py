@@ -1,5 +1,7 @@
-"""Unchanged scripts of the shapes people run resume exactly (issue 14), found by Ravex
-from the main script's frames and source (ravex.runtime.position), without ravex.loop.
+"""Unchanged scripts of the shapes people run resume exactly, found by Ravex from the
+frames and source of the user's code (ravex.runtime.position), without ravex.loop: loops
+of the main script, and loops in a trainer class of the user's own module with their
+counters on ``self``.
 
 Each shape (tests/runtime/shapes/) is killed by SIGKILL at random steps, once its last
 checkpoint is durable, and rerun unchanged. The rerun must run only the iterations after
@@ -21,7 +23,7 @@ import torch
 from . import harness
 
 SHAPES = Path(__file__).with_name("shapes")
-OUTPUT = ("STEP ", "EVAL ", "TEST ", "EPOCH ")
+OUTPUT = ("STEP ", "EVAL ", "TEST ", "EPOCH ", "SAMPLE ")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ CASES = {
     "enumerate-branch": (Shape("enumerate_branch.py", 24, 3, per_epoch=12,
                                files=("netG_epoch_{e}.pth", "netD_epoch_{e}.pth"), at_epoch_end=14), 6),
     "sliced-in-function": (Shape("sliced_function.py", 72, 6, at_epoch_end=27), 5),
+    "class-trainer": (Shape("class_trainer.py", 34, 5), 4),
+    "class-epochs": (Shape("class_epochs.py", 30, 4, at_epoch_end=25), 4),
 }
 
 
@@ -178,6 +182,39 @@ def test_rerun_of_a_finished_run_trains_nothing_again(name, tmp_path, reference)
     harness.assert_same_state(torch.load(tmp_path / "final.pt", weights_only=False), ref_state)
     assert _files(tmp_path) == before and {k: v[1] for k, v in before.items()} == {
         k: v[1] for k, v in ref_files.items()}
+
+
+def test_finished_class_trainer_rerun_runs_nothing_and_keeps_the_users_model(tmp_path):
+    """minGPT's ending: nothing follows ``trainer.run()``. Rerun after it finished, the script
+    trains nothing, its callback never saves over the trained model, and it exits 0."""
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 5\n")
+    shape = CASES["class-trainer"][0]
+    first = _run(shape, tmp_path, T_ENTRY="activate")
+    assert first.returncode == 0, first.explain()
+    saved = tmp_path / "model.pt"
+    before = (saved.stat().st_mtime_ns, saved.read_bytes())
+    again = _run(shape, tmp_path, T_ENTRY="activate")
+    assert again.returncode == 0, again.explain()
+    assert _output(again) == [], again.explain()
+    assert (saved.stat().st_mtime_ns, saved.read_bytes()) == before
+    assert "nothing of the script follows its training" in again.stderr, again.explain()
+
+
+def test_finished_class_trainer_rerun_needing_the_trainer_replays_its_last_steps_exactly(tmp_path, reference):
+    """The code after ``trainer.fit()`` reads the trainer's optimizer, which no checkpoint
+    holds as an object: the exit takes no checkpoint, the last one in the loop stays the
+    resume point, and the rerun replays the steps after it to the same bits and files."""
+    shape = CASES["class-epochs"][0]
+    _, ref_state, ref_files = reference("class-epochs", shape)
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 4\n")
+    first = _run(shape, tmp_path, T_ENTRY="activate")
+    assert first.returncode == 0 and "step 28 stays the resume point" in first.stderr, first.explain()
+    again = _run(shape, tmp_path, T_ENTRY="activate", T_OUT=str(tmp_path / "final.pt"))
+    assert again.returncode == 0 and again.resumed_from == 28, again.explain()
+    assert [line for line in _output(again) if line.startswith("STEP ")] == [
+        line for line in _output(first) if line.startswith("STEP ")][28:], again.explain()
+    harness.assert_same_state(torch.load(tmp_path / "final.pt", weights_only=False), ref_state)
+    assert {k: v[1] for k, v in _files(tmp_path).items()} == {k: v[1] for k, v in ref_files.items()}
 
 
 def test_a_script_edited_since_the_checkpoint_is_told_and_still_restored(tmp_path):

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import frames, source
 
@@ -28,7 +29,7 @@ def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[
     """The script's position with ``frame`` (the innermost main-script frame) at ``mode``
     (``"head"`` or ``"header"``): the subtree a checkpoint stores, or None where the loops
     cannot be re-entered; and the loop variables that could not be saved."""
-    stack = frames.main_frames(frame)
+    stack = frames.user_frames(frame)
     if not stack or stack[-1] is not frame:
         return None, []
     recorded = []
@@ -47,11 +48,68 @@ def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[
                 if len(targets) != len(site.targets) or not all(map(_comparable, targets.values())):
                     return None, []
             loops.append({"line": site.line, "body": site.body, "kind": site.kind, "targets": targets})
-        recorded.append({"code": frames.code_key(code), "line": f.f_lineno, "loops": loops,
-                         "variables": _variables(f, place.live, wanted, unsaved)})
+        carried = place.live | _method_stores(f, place)
+        recorded.append({"code": frames.code_key(code), "file": _file_key(code.co_filename),
+                         "line": f.f_lineno, "loops": loops,
+                         "variables": _variables(f, carried, wanted, unsaved)})
     if not any(r["loops"] for r in recorded):
         return None, []
     return {"mode": mode, "frames": recorded}, unsaved
+
+
+def _method_stores(frame: FrameType, place: source.Place) -> frozenset[str]:
+    """What the methods the loops call on the frame's objects assign on them
+    (``self.train_step()`` doing ``self.global_step += 1``), where those objects' attributes
+    may be read again: counters a loop keeps on an object through its methods. Followed
+    through the methods those call on the same object, three calls deep."""
+    if not place.loops:
+        return frozenset()
+    code = frame.f_code
+    calls = source.method_calls(code.co_filename, code.co_name, code.co_firstlineno, place.loops[0].line)
+    scope = frame.f_globals if code.co_name == "<module>" else frame.f_locals
+    found: set[str] = set()
+    for base, method in calls:
+        if f"{base}.*" in place.reads and base in scope:
+            found.update(f"{base}.{attr}" for attr in _receiver_stores(type(scope[base]), method))
+    return frozenset(found)
+
+
+def _receiver_stores(cls: type, method: str) -> set[str]:
+    """The attributes ``cls.method`` assigns on its object, followed through the methods it
+    calls on it, three calls deep; only methods of the user's own code are read."""
+    found: set[str] = set()
+    todo, seen = [(method, 0)], set()
+    while todo:
+        name, depth = todo.pop()
+        code = getattr(getattr(cls, name, None), "__code__", None)
+        if code is None or name in seen or depth > 3 or not frames.user_code(code):
+            continue
+        seen.add(name)
+        stores, nested = source.receiver_stores(code.co_filename, code.co_name, code.co_firstlineno)
+        found.update(stores)
+        todo.extend((n, depth + 1) for n in nested)
+    return found
+
+
+def _file_key(filename: str) -> str:
+    """How a record names its code's file: relative to the main script's folder where it lies
+    below it (a rerun from another clone finds it again), else the absolute path."""
+    path = os.path.realpath(filename)
+    main = frames.main_file()
+    if main:
+        base = os.path.dirname(os.path.realpath(main))
+        if path.startswith(base + os.sep):
+            return os.path.relpath(path, base)
+    return path
+
+
+def _resolve_file(record: dict[str, Any], main_file: str) -> str:
+    """The file a record's code is in, for this run (:func:`_file_key`'s inverse); a record
+    of a checkpoint from before files were recorded is in the main script."""
+    key = record.get("file")
+    if key is None:
+        return main_file
+    return key if os.path.isabs(key) else os.path.join(os.path.dirname(os.path.realpath(main_file)), key)
 
 
 def capture_variables(frame: FrameType, wanted: str | list[str]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -61,7 +119,7 @@ def capture_variables(frame: FrameType, wanted: str | list[str]) -> tuple[dict[s
     across the iterations of a function's loop is restored with them."""
     recorded: list[dict[str, Any]] = []
     unsaved: list[str] = []
-    for f in frames.main_frames(frame):
+    for f in frames.user_frames(frame):
         code = f.f_code
         place = source.place(code.co_filename, code.co_name, code.co_firstlineno, f.f_lineno,
                              "header" if f is frame else "call")
@@ -76,13 +134,14 @@ def capture_variables(frame: FrameType, wanted: str | list[str]) -> tuple[dict[s
 
 def _variables(frame: FrameType, live: frozenset[str], wanted: str | list[str], unsaved: list[str]) -> dict[str, Any]:
     """``frame``'s variables to save: ``live`` (``wanted == "auto"``) or the names asked
-    for, encoded; those that cannot be saved are named in ``unsaved``."""
+    for, encoded; those that cannot be saved are named in ``unsaved`` (not a function, a
+    module, or a DataLoader's iterator, which the resume puts back itself)."""
     names = live if wanted == "auto" else frozenset(() if wanted == "none" else wanted)
     variables = {}
     for name, value in frames.read_variables(frame, names).items():
         encoded = _encode(value)
         if encoded is _UNSAVEABLE:
-            if not callable(value) and not isinstance(value, type(sys)):
+            if not callable(value) and not isinstance(value, (type(sys), _BaseDataLoaderIter)):
                 unsaved.append(f"{name} ({type(value).__name__})")
             continue
         variables[name] = encoded
@@ -92,7 +151,7 @@ def _variables(frame: FrameType, live: frozenset[str], wanted: str | list[str], 
 def live_frames(script: dict[str, Any], frame: FrameType | None) -> list[FrameType]:
     """The running frames from ``frame`` outward that match ``script``'s recorded ones,
     outermost first."""
-    found = {frames.code_key(f.f_code): f for f in frames.main_frames(frame)}
+    found = {frames.code_key(f.f_code): f for f in frames.user_frames(frame)}
     return [found[r["code"]] for r in script["frames"] if r["code"] in found]
 
 
@@ -106,59 +165,81 @@ def put_variables(script: dict[str, Any], live: list[FrameType]) -> None:
 
 
 def capture_after(last: dict[str, Any], filename: str, wanted: str | list[str]) -> dict[str, Any] | None:
-    """The script ran to its end: its position just after the outermost loop of ``last``
-    (the position of this run's last checkpoint in a loop, in the main script ``filename``:
-    the interpreter has removed ``__main__.__file__`` by exit), mode ``"after"``, so that a
-    rerun of a finished run skips that loop instead of training again. Taken at exit, when
-    no frame of the script is left: only a loop at module level qualifies (its variables are
-    the main module's globals), or one in a function whose loop assigns nothing that the
-    code after it reads. None where neither holds."""
+    """The script ran to its end: its position just past its training (mode ``"after"``), so
+    that a rerun of a finished run skips it instead of training again. ``last`` is the
+    position of this run's last checkpoint in a loop, ``filename`` the main script (the
+    interpreter has removed ``__main__.__file__`` by exit). Taken at exit, when no frame of
+    the script is left: the way past may need no variable of a function, and what it needs
+    of the main module (its globals, attributes of its objects) must be saveable. The
+    innermost frame of ``last`` that qualifies is used, from the loop's own frame (skip the
+    loop) out to the main module (skip the call that ran it; past the module's last
+    statement, the rerun ends there). None where none qualifies (:func:`.source.after`)."""
     main = sys.modules.get("__main__")
-    records = [r for r in last["frames"] if r["loops"]]
-    if main is None or not records:
+    records = last["frames"]
+    if main is None or not any(r["loops"] for r in records):
         return None
-    outer = last["frames"].index(records[0])
-    record = records[0]
-    _, name, first = record["code"].rsplit(":", 2)
-    loop_line = record["loops"][0]["line"]
-    after = source.after_loop(filename, name, int(first), loop_line)
-    if after is None:
-        return None
-    line, live = after
     scope = vars(main)
-    module_live = live if name == "<module>" else live & frozenset(scope)
-    if name != "<module>" and live - module_live:
-        return None  # the function's own variables died with its frame
-    names = module_live if wanted == "auto" else frozenset(() if wanted == "none" else wanted)
+    for index in range(len(records) - 1, -1, -1):
+        record = records[index]
+        _, name, first = record["code"].rsplit(":", 2)
+        line = record["loops"][0]["line"] if record["loops"] else record["line"]
+        way = source.after(_resolve_file(record, filename), name, int(first), line)
+        if way is None:
+            continue
+        if name != "<module>" or index != 0:
+            if way.carried or (way.call is not None and way.reads):
+                continue  # the function's own variables died with its frame
+            variables: dict[str, Any] | None = {}
+        else:
+            variables = _module_variables(scope, way, wanted)
+            if variables is None:
+                continue
+        frames_out = [dict(r, loops=[], variables={}) for r in records[:index + 1]]
+        frames_out[0]["variables"] = variables
+        frames_out[-1]["after"] = {"loop": way.statement, "line": way.target}
+        return {"mode": "after", "frames": frames_out}
+    return None
+
+
+def _module_variables(scope: dict[str, Any], way: source.After, wanted: str | list[str]) -> dict[str, Any] | None:
+    """The main module's values the code after a skipped statement needs, encoded; None when
+    one cannot be saved (then the statement cannot be skipped)."""
+    carried = set(way.carried)
+    if way.call is not None and way.call[0] in scope:
+        base, method = way.call
+        stores = _receiver_stores(type(scope[base]), method)
+        carried |= source.carried(way.reads, frozenset(f"{base}.{attr}" for attr in stores))
+    names = frozenset(carried) if wanted == "auto" else frozenset(() if wanted == "none" else wanted)
     variables = {}
-    for key in sorted(names & frozenset(scope)):
-        encoded = _encode(scope[key])
-        if encoded is not _UNSAVEABLE:
-            variables[key] = encoded
-    frames_out = [dict(r, loops=[], variables={}) for r in last["frames"][:outer + 1]]
-    frames_out[0]["variables"] = variables if frames_out[0]["code"].split(":")[1] == "<module>" else {}
-    frames_out[-1]["after"] = {"loop": loop_line, "line": line}
-    return {"mode": "after", "frames": frames_out}
+    for key, value in frames.read_module(scope, names).items():
+        encoded = _encode(value)
+        if encoded is _UNSAVEABLE:
+            return None
+        variables[key] = encoded
+    return variables
 
 
 def changed(script: dict[str, Any], filename: str) -> str | None:
-    """Why the main script ``filename`` no longer has the loops ``script`` recorded where it
-    recorded them (the script was edited or renamed since), or None when it still has."""
+    """Why this run, whose main script is ``filename``, no longer has the loops ``script``
+    recorded where it recorded them (the script was edited or renamed since, or another
+    script is running), or None when it still has."""
+    main = script["frames"][0]
+    if os.path.basename(filename) != main["code"].split(":")[0]:
+        return f"the checkpoint was taken in {main['code'].split(':')[0]}, this run is {os.path.basename(filename)}"
     for record in script["frames"]:
         base, name, first = record["code"].rsplit(":", 2)
         where = f"{base}:{name}"
-        if os.path.basename(filename) != base:
-            return f"the checkpoint was taken in {base}, this run is {os.path.basename(filename)}"
+        path = _resolve_file(record, filename)
         for loop in record["loops"]:
-            place = source.place(filename, name, int(first), loop["body"], "head")
+            place = source.place(path, name, int(first), loop["body"], "head")
             sites = place.loops if place is not None else ()
             if not any((s.line, s.body, s.kind) == (loop["line"], loop["body"], loop["kind"]) for s in sites):
                 return f"the {loop['kind']} loop of {where} at line {loop['line']} is no longer there"
         after = record.get("after")
         if after is not None:
-            found = source.after_loop(filename, name, int(first), after["loop"])
-            if found is None or found[0] != after["line"]:
-                return f"the loop of {where} at line {after['loop']} is no longer there"
+            way = source.after(path, name, int(first), after["loop"])
+            if way is None or (way.statement, way.target) != (after["loop"], after["line"]):
+                return f"the code of {where} at line {after['loop']} is no longer there"
     return None
 
 
@@ -167,14 +248,26 @@ def describe(script: dict[str, Any]) -> str:
     line after the loop, for a finished run)."""
     if script["mode"] == "after":
         record = script["frames"][-1]
-        return f"{record['code'].split(':')[0]}:{record['after']['line']}"
+        return f"{record['code'].split(':')[0]}:{record['after']['line'] or 'end'}"
     inner = [r for r in script["frames"] if r["loops"]][-1]
     return f"{inner['code'].split(':')[0]}:{inner['loops'][-1]['line']}"
 
 
+def drawn_explicitly(frame: FrameType | None) -> bool:
+    """A DataLoader's ``next()`` called with ``frame`` its caller: True where the user's own
+    code calls ``next(it)`` in a statement of a loop (a ``while True:`` drawing batches),
+    False where a ``for`` draws it or a framework's code calls it."""
+    if frame is None or not frames.is_user(frame):
+        return False
+    code = frame.f_code
+    place = source.place(code.co_filename, code.co_name, code.co_firstlineno, frame.f_lineno, "call")
+    return (place is not None and bool(place.loops)
+            and not source.drawn_by_for(code.co_filename, code.co_name, code.co_firstlineno, frame.f_lineno))
+
+
 def innermost_frame(frame: FrameType | None) -> FrameType | None:
-    """The innermost main-script frame at or outside ``frame``."""
-    while frame is not None and not frames.is_main(frame):
+    """The innermost frame of the user's code at or outside ``frame``."""
+    while frame is not None and not frames.is_user(frame):
         frame = frame.f_back
     return frame
 

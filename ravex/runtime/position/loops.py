@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
+from ..registry import Registry
 from . import frames
-from .registry import Registry
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from . import frames, source
-from .position import innermost_frame, live_frames
+from .capture import innermost_frame, live_frames
 
 _Tracer = Callable[[FrameType, str, Any], Any]
 
@@ -79,7 +79,7 @@ class Reentry:
 
     def _wanted(self, frame: FrameType) -> bool:
         code = frame.f_code
-        return ((code.co_name, code.co_firstlineno) in self.heads and frames.is_main(frame)
+        return ((code.co_name, code.co_firstlineno) in self.heads and frames.is_user(frame)
                 and frames.code_key(code) in self.keys)
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> _Tracer | None:
@@ -128,9 +128,13 @@ class Reentry:
         record = self.records[-1]
         if frames.code_key(frame.f_code) != record["code"] or frame.f_lineno != record["after"]["loop"]:
             return
-        setattr(frame, "f_lineno", record["after"]["line"])  # noqa: B010 - typeshed has it read-only
+        target = record["after"]["line"]
+        if target is not None:
+            setattr(frame, "f_lineno", target)  # noqa: B010 - typeshed has it read-only
         self.stop()
         self.restore_at(self.live_frames(frame))
+        if target is None:  # nothing of the script follows its training: it ends here
+            raise SystemExit(0)
 
     def _draw_to(self, frame: FrameType, record: dict[str, Any], loop: dict[str, Any]) -> bool:
         """Draw from the ``for``'s iterator until its variables are the recorded ones."""
@@ -175,6 +179,10 @@ class Reentry:
         self.next += 1
         self.stop()
         return True
+
+    def holds(self, frame: FrameType | None) -> bool:
+        """Whether ``frame`` runs code the recorded position is in."""
+        return frame is not None and frames.code_key(frame.f_code) in self.keys
 
     def live_frames(self, frame: FrameType | None) -> list[FrameType]:
         """The running frames matching the recorded ones, outermost first."""

@@ -50,6 +50,8 @@ class Place:
     stacked: tuple[tuple[str, int], ...]
     live: frozenset[str]  #: variables the loops assign that may be read after this point before written
     exact: bool  #: False where a block the analysis cannot place encloses the line
+    #: everything that may be read after this point (``obj.*``: any attribute of ``obj``)
+    reads: frozenset[str] = frozenset()
 
 
 def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Place | None:
@@ -88,33 +90,109 @@ def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Pl
     # wherever the module frame itself stands.
     declared = _globals_assigned(scope)
     if not loops:
-        return Place((), (), declared, True)
+        return Place((), (), declared, True, live)
     sites = tuple(_site(loop) for loop in loops)
     exact = not any(c.block in ("handler", "finally") for c in chain)
-    changed = _stores(loops[0]) | declared
     bound = {n for s in sites for n in s.targets}
     return Place(sites, tuple(("for" if isinstance(b, (ast.For, ast.AsyncFor)) else "with", b.lineno)
                               for b in stacked),
-                 frozenset(((live & changed) | declared) - bound), exact)
+                 frozenset((carried(live, _stores(loops[0]) | declared) | declared) - bound), exact, live)
 
 
-def after_loop(filename: str, name: str, first_line: int, loop_line: int) -> tuple[int, frozenset[str]] | None:
-    """Where control goes once the loop statement at ``loop_line`` of a code object is done
-    (the next statement's line, in no other loop), and what the loop assigned that the rest
-    reads: a finished run's position. None where there is no such statement (the loop ends
-    its block) or the loop sits in another loop or an exception handler."""
+def after(filename: str, name: str, first_line: int, line: int) -> After | None:
+    """A finished run's way past its training in the code object ``name`` starting at
+    ``first_line``: the statement to skip (the outermost loop around ``line``, or where no
+    loop holds it, the statement holding ``line``: the call that ran the loop), the line
+    control goes to next (through the end of an ``if``; None at the end of the module), and
+    what the skipped statement assigns that the code after it reads (it must come back from
+    the checkpoint). None where there is no such way: the statement is the last of a
+    function, or sits in an exception handler."""
     scope = _scope(filename, name, first_line)
-    chain = _chain(scope.body, loop_line) if scope is not None else []
+    chain = _chain(scope.body, line) if scope is not None else []
     if not chain or scope is None:
         return None
-    last = chain[-1]
-    loop = last.stmts[last.index]
-    if (not isinstance(loop, _LOOPS) or loop.lineno != loop_line or last.index + 1 >= len(last.stmts)
-            or any(isinstance(c.owner, _LOOPS) or c.block in ("handler", "finally") for c in chain)):
+    loops = [i for i, c in enumerate(chain) if isinstance(c.stmts[c.index], _LOOPS)]
+    k = loops[0] if loops else len(chain) - 1
+    if any(c.block in ("handler", "finally") for c in chain[:k + 1]):
         return None
+    stmt = chain[k].stmts[chain[k].index]
     declared = _globals_assigned(scope)
-    live = _Liveness(chain).before_block(len(chain) - 1, last.index + 1)
-    return last.stmts[last.index + 1].lineno, frozenset((live & (_stores(loop) | declared)) | declared)
+    level, index = k, chain[k].index + 1
+    while index >= len(chain[level].stmts):
+        if level == 0:
+            return After(stmt.lineno, None, declared, None) if isinstance(scope, ast.Module) else None
+        if not isinstance(chain[level].owner, ast.If):
+            return None
+        level -= 1
+        index = chain[level].index + 1
+    live = _Liveness(chain).before_block(level, index)
+    call = None
+    if not loops and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            call = (func.value.id, func.attr)
+    return After(stmt.lineno, chain[level].stmts[index].lineno,
+                 carried(live, _stores(stmt) | declared) | declared, call, live)
+
+
+@dataclass(frozen=True)
+class After:
+    """A finished run's way past its training (:func:`after`)."""
+
+    statement: int  #: the line of the statement skipped
+    target: int | None  #: where control goes on; None: the end of the module
+    carried: frozenset[str]  #: what the statement assigns that the code after it reads
+    #: the statement is ``obj.method()``: what the method assigns on ``obj`` is carried too
+    call: tuple[str, str] | None
+    reads: frozenset[str] = frozenset()  #: everything the code after it may read
+
+
+def carried(live: frozenset[str], changed: frozenset[str]) -> frozenset[str]:
+    """What of ``changed`` is live: a name or attribute read later, or an attribute of an
+    object whose attributes may all be read (``obj.*`` live: a method of it is called)."""
+    return frozenset(n for n in changed
+                     if n in live or ("." in n and f"{n.split('.', 1)[0]}.*" in live))
+
+
+def method_calls(filename: str, name: str, first_line: int, loop_line: int) -> frozenset[tuple[str, str]]:
+    """The methods the loop at ``loop_line`` calls on a named object (``self.step()`` ->
+    ``("self", "step")``): what they assign on it is carried too (:func:`receiver_stores`)."""
+    scope = _scope(filename, name, first_line)
+    if scope is None:
+        return frozenset()
+    loop = next((n for n in ast.walk(scope) if isinstance(n, _LOOPS) and n.lineno == loop_line), None)
+    if loop is None:
+        return frozenset()
+    return frozenset((n.func.value.id, n.func.attr) for n in ast.walk(loop)
+                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and isinstance(n.func.value, ast.Name))
+
+
+def receiver_stores(filename: str, name: str, first_line: int) -> tuple[frozenset[str], frozenset[str]]:
+    """For a method (the function ``name`` at ``first_line``): the attributes it assigns on its
+    first parameter (``self.global_step += 1`` -> ``global_step``), and the methods it calls
+    on it, to follow in turn."""
+    scope = _scope(filename, name, first_line)
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or not scope.args.args:
+        return frozenset(), frozenset()
+    receiver = scope.args.args[0].arg
+    stores = frozenset(n.split(".", 1)[1] for n in _stores(scope) if n.startswith(receiver + "."))
+    calls = frozenset(n.func.attr for n in ast.walk(scope)
+                      if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                      and isinstance(n.func.value, ast.Name) and n.func.value.id == receiver)
+    return stores, calls
+
+
+@functools.lru_cache(maxsize=256)
+def drawn_by_for(filename: str, name: str, first_line: int, line: int) -> bool:
+    """Whether ``line`` of a code object is the header of a ``for`` statement (a ``next()``
+    there is the loop's own), rather than a statement calling ``next()`` itself."""
+    scope = _scope(filename, name, first_line)
+    chain = _chain(scope.body, line) if scope is not None else []
+    if not chain:
+        return False
+    stmt = chain[-1].stmts[chain[-1].index]
+    return isinstance(stmt, (ast.For, ast.AsyncFor)) and stmt.lineno == line
 
 
 def _site(loop: ast.stmt) -> LoopSite:
@@ -309,15 +387,31 @@ def _stmt(stmt: ast.stmt, out: frozenset[str], ctx: _Ctx) -> frozenset[str]:
         return (out - {stmt.name}) | _free_uses(stmt)
     uses = _uses(stmt)
     if isinstance(stmt, ast.AugAssign):
-        return (out - set(_names(stmt.target))) | uses | set(_names(stmt.target))
+        return (out - set(_assigned(stmt.target))) | uses | set(_assigned(stmt.target))
     return (out - _defs(stmt)) | uses
 
 
 def _uses(node: ast.AST | None) -> frozenset[str]:
-    """Names read anywhere in ``node`` (nested functions and comprehensions included)."""
+    """Names read anywhere in ``node`` (nested functions and comprehensions included): plain
+    names, an object's attribute read as ``obj.attr``, and ``obj.*`` where the object goes
+    somewhere its attributes may all be read (a method call, an argument, a call of it)."""
     if node is None:
         return frozenset()
-    return frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    found: set[str] = set()
+    roots: set[int] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            roots.add(id(n.value))
+            if isinstance(n.ctx, ast.Load):
+                found.add(f"{n.value.id}.{n.attr}")
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name):
+            found.add(f"{n.func.value.id}.*")
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            found.add(n.id)
+            if id(n) not in roots:
+                found.add(f"{n.id}.*")
+    return frozenset(found)
 
 
 def _free_uses(node: ast.AST) -> frozenset[str]:
@@ -327,12 +421,24 @@ def _free_uses(node: ast.AST) -> frozenset[str]:
 def _defs(stmt: ast.stmt) -> frozenset[str]:
     """Names a simple statement surely assigns (its own targets, not a comprehension's)."""
     if isinstance(stmt, ast.Assign):
-        return frozenset(n for t in stmt.targets for n in _names(t))
+        return frozenset(n for t in stmt.targets for n in _assigned(t))
     if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-        return frozenset(_names(stmt.target))
+        return frozenset(_assigned(stmt.target))
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
         return frozenset((a.asname or a.name).split(".")[0] for a in stmt.names)
     return frozenset()
+
+
+def _assigned(target: ast.AST) -> list[str]:
+    """What an assignment target binds: its plain names and ``obj.attr`` for an attribute of
+    a named object (``logits, self.loss = ...`` -> logits, self.loss)."""
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+        return [f"{target.value.id}.{target.attr}"]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in _assigned(elt)]
+    if isinstance(target, ast.Starred):
+        return _assigned(target.value)
+    return _names(target)
 
 
 def _names(target: ast.AST) -> list[str]:
@@ -358,6 +464,9 @@ def _stores(node: ast.AST) -> frozenset[str]:
                 continue
             if isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
                 found.add(child.id)
+            elif (isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name)
+                  and isinstance(child.ctx, ast.Store)):
+                found.add(f"{child.value.id}.{child.attr}")
             todo.append(child)
     return frozenset(found)
 

@@ -15,8 +15,11 @@ saying what it cannot do.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import site
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
@@ -32,17 +35,48 @@ def is_main(frame: FrameType) -> bool:
     return frame.f_globals.get("__name__") == "__main__"
 
 
+def is_user(frame: FrameType) -> bool:
+    """A frame running the user's own code: the main script, or a module of theirs (one not
+    in the standard library, an installed distribution or Ravex; a package installed
+    editable lives in the user's tree and counts as theirs). Its loops are the ones a rerun
+    must resume."""
+    return is_main(frame) or user_code(frame.f_code)
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_file(filename: str) -> bool:
+    if not filename or filename.startswith("<") or not filename.endswith(".py"):
+        return False
+    path = os.path.realpath(filename)
+    return not any(path == root or path.startswith(root + os.sep) for root in _installed_roots())
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_roots() -> tuple[str, ...]:
+    """Where the interpreter's own and installed code lives, and Ravex itself."""
+    roots = {os.path.dirname(os.path.dirname(os.path.realpath(__file__)))}
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix, "installed_base": prefix,
+                                          "installed_platbase": prefix})
+        roots.update(os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    roots.update(os.path.realpath(p) for p in site.getsitepackages())
+    user_site = site.getusersitepackages()
+    if isinstance(user_site, str):
+        roots.add(os.path.realpath(user_site))
+    return tuple(sorted(roots))
+
+
 def main_file() -> str | None:
     """The main script's path, while it runs (the interpreter removes ``__main__.__file__``
     once the script has ended); None for an interactive session or ``-c``."""
     return getattr(sys.modules.get("__main__"), "__file__", None)
 
 
-def main_frames(frame: FrameType | None) -> list[FrameType]:
-    """The main script's frames from ``frame`` outward, outermost first."""
+def user_frames(frame: FrameType | None) -> list[FrameType]:
+    """The frames of the user's code (:func:`is_user`) from ``frame`` outward, outermost first."""
     found = []
     while frame is not None:
-        if is_main(frame):
+        if is_user(frame):
             found.append(frame)
         frame = frame.f_back
     return found[::-1]
@@ -54,19 +88,54 @@ def code_key(code: CodeType) -> str:
 
 
 def read_variables(frame: FrameType, names: frozenset[str]) -> dict[str, Any]:
-    scope = frame.f_globals if frame.f_code.co_name == "<module>" else frame.f_locals
-    return {name: scope[name] for name in sorted(names) if name in scope}
+    """The values of ``names`` in ``frame``: variables, and ``obj.attr`` for an attribute of
+    one of its objects (a counter on ``self``)."""
+    return read_module(frame.f_globals if frame.f_code.co_name == "<module>" else frame.f_locals, names)
+
+
+def read_module(scope: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    """The values of ``names`` (variables and ``obj.attr``) in a namespace."""
+    values = {}
+    for name in sorted(names):
+        base, dot, attr = name.partition(".")
+        if not dot:
+            if name in scope:
+                values[name] = scope[name]
+        elif base in scope and _has_own(scope[base], attr):
+            values[name] = getattr(scope[base], attr)
+    return values
+
+
+def user_code(code: CodeType) -> bool:
+    """Code of a module of the user's (:func:`is_user`)."""
+    return _user_file(code.co_filename)
+
+
+def _has_own(obj: Any, attr: str) -> bool:
+    """An attribute the object holds itself (its ``__dict__`` or slots), not a method or a
+    property its class computes."""
+    try:
+        return attr in vars(obj)
+    except TypeError:
+        return False
 
 
 def write_variables(frame: FrameType, values: dict[str, Any]) -> None:
-    """Set variables of a running frame: globals at module level, else its fast locals."""
+    """Set variables of a running frame (globals at module level, else its fast locals),
+    then the attributes of its objects."""
     if not values:
         return
+    plain = {k: v for k, v in values.items() if "." not in k}
     if frame.f_code.co_name == "<module>" and frame.f_locals is frame.f_globals:
-        frame.f_globals.update(values)
-        return
-    frame.f_locals.update(values)
-    ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+        frame.f_globals.update(plain)
+    elif plain:
+        frame.f_locals.update(plain)
+        ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+    scope = frame.f_globals if frame.f_code.co_name == "<module>" else frame.f_locals
+    for name, value in values.items():
+        base, dot, attr = name.partition(".")
+        if dot and base in scope:
+            setattr(scope[base], attr, value)
 
 
 def _nlocalsplus(code: CodeType) -> int:

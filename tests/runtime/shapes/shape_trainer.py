@@ -1,0 +1,88 @@
+"""Trainer classes in a module of their own, as libraries of training code write them: the
+loop is a method, its counters live on ``self``, and the main script only builds the parts
+and calls ``run()`` / ``fit()`` (class_trainer.py, class_epochs.py)."""
+
+import torch
+from probe import done_step, say
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, RandomSampler
+
+
+class Trainer:
+    """minGPT's shape: the optimizer built inside ``run()``, ``self.iter_num`` reset to 0 at
+    its top, batches drawn by ``next()`` from an endless random sampler in a ``while True:``,
+    and a callback after every step that reads the counters off the trainer."""
+
+    def __init__(self, model, dataset, max_iters, callback):
+        self.model = model
+        self.dataset = dataset
+        self.max_iters = max_iters
+        self.callback = callback
+
+    def run(self):
+        model = self.model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        sampler = RandomSampler(self.dataset, replacement=True, num_samples=10**9)
+        loader = DataLoader(self.dataset, sampler=sampler, batch_size=4)
+        model.train()
+        self.iter_num = 0
+        data_iter = iter(loader)
+        while True:
+            try:
+                batch = next(data_iter)
+            except StopIteration:
+                data_iter = iter(loader)
+                batch = next(data_iter)
+            x, y = batch
+            logits = model(x)
+            self.loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            model.zero_grad(set_to_none=True)
+            self.loss.backward()
+            self.optimizer.step()
+            self.callback(self)
+            self.iter_num += 1
+            if self.iter_num >= self.max_iters:
+                break
+
+
+class EpochTrainer:
+    """A Keras-like ``fit()``: a ``while`` over ``self.epoch``, the step counter advanced by a
+    method (``train_step``), an LR scheduler stepped and the best model saved at epoch end."""
+
+    def __init__(self, model, x, y, epochs, batch):
+        self.model, self.x, self.y = model, x, y
+        self.epochs, self.batch = epochs, batch
+        self.epoch = 0
+        self.global_step = 0
+        self.best = float("inf")
+
+    def train_step(self, xb, yb):
+        loss = F.cross_entropy(self.model(xb), yb)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.global_step += 1
+        return loss
+
+    def evaluate(self):
+        with torch.no_grad():
+            val = F.cross_entropy(self.model(self.x[:16]), self.y[:16]).item()
+        say(f"EVAL {self.epoch} {val.hex()}")
+        if val < self.best:
+            self.best = val
+            torch.save(self.model.state_dict(), f"best_{self.epoch}.pt")
+
+    def fit(self):
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1, gamma=0.7)
+        n = len(self.x)
+        while self.epoch < self.epochs:
+            perm = torch.randperm(n)
+            for i in range(0, n, self.batch):
+                idx = perm[i:i + self.batch]
+                loss = self.train_step(self.x[idx], self.y[idx])
+                say(f"STEP {self.global_step} {loss.item().hex()}")
+                done_step()
+            self.sched.step()
+            self.evaluate()
+            self.epoch += 1
