@@ -26,7 +26,7 @@ from . import patches, position, restore, rng
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .plan import script_name
-from .position import ADVICE, Entry, EnumerateFrom, Loop, Reentry, main_loop_site
+from .position import Entry, EnumerateFrom, Loop, Reentry, advice
 from .registry import LoaderState, Registry
 
 logger = logging.getLogger("ravex")
@@ -302,13 +302,10 @@ class Resume:
             self._sync_loaders(tree)
             logger.info("ravex: back in the loop at %s where step %d was taken",
                         position.describe(self._reentry.script), self.step)
-        elif not (self.loops_used or tree.get("loops") or tree.get("script")
-                or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
-            site = main_loop_site()
-            logger.warning("ravex: resumed step %d, but the position of the loop%s is unknown (no "
-                           "DataLoader, no ravex.loop): it starts over on the restored state; "
-                           "`%s` around its iterable makes the resume exact", self.step,
-                           f" at {site}" if site else "", ADVICE)
+        elif self.rank == 0 and not (self.loops_used or tree.get("loops") or tree.get("script")
+                                     or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
+            logger.warning("ravex: resumed step %d, but where the loop stood is unknown: %s", self.step,
+                           advice(ranks=self.world_size))
 
     def restore_in_loop(self) -> None:
         """A wrapped loop (:mod:`.loops`) is back where the checkpoint was taken: restore, and

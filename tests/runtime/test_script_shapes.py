@@ -133,7 +133,7 @@ def test_unchanged_script_resumes_bitwise_after_sigkill(name, tmp_path, referenc
                 for pattern in shape.files:
                     f = pattern.format(e=e + shape.first_epoch)
                     assert after[f][0] == before[f][0], f"{where}: {f} of a finished epoch written again"
-        for told in ("position of the loop", "cannot return to the loop", "each backward pass counts",
+        for told in ("where the loop stood is unknown", "cannot return to the loop", "each backward pass counts",
                      "without bumping its version counter"):
             assert told not in first.stderr + second.stderr, f"{where}\n{second.explain()}"
 

@@ -24,7 +24,7 @@ from .capture import (
 )
 from .frames import main_file, supported, user_frames
 from .headwatch import HeadWatch
-from .loops import ADVICE, Entry, Loop, main_loop_site
+from .loops import ADVICE, Entry, Loop, advice, main_loop_site
 from .reentry import EnumerateFrom, Reentry
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "HeadWatch",
     "Loop",
     "Reentry",
+    "advice",
     "capture",
     "capture_after",
     "capture_variables",

@@ -123,41 +123,51 @@ def call_site(frame: FrameType) -> str:
 
 
 def main_loop_site(frame: FrameType | None = None) -> str | None:
-    """``file:line`` of the loop the main script is running, found from the frame stack:
-    the innermost frame of the ``__main__`` script whose current line lies inside a
-    ``for`` or ``while`` statement; None where there is no such frame."""
-    main = frames.main_file()
-    if not main:
-        return None
-    main = os.path.realpath(main)
-    current: FrameType | None = frame if frame is not None else sys._getframe(1)
+    """``file:line`` of the loop the user's code is running, found from the frame stack:
+    the innermost frame of the user's code (:func:`.frames.is_user`) whose current line
+    lies inside a ``for`` or ``while`` statement; None where there is no such frame."""
+    found = _innermost_loop(frame if frame is not None else sys._getframe(1))
+    return f"{found[0]}:{found[1]}" if found is not None else None
+
+
+def advice(frame: FrameType | None = None, ranks: int = 1) -> str:
+    """The one-line fix for a loop whose position a rerun could not find, fitting the loop
+    the user's code is running (a ``while`` is not told to wrap a ``range``)."""
+    found = _innermost_loop(frame if frame is not None else sys._getframe(1))
+    where = f" at {found[0]}:{found[1]}" if found is not None else ""
+    if ranks > 1:
+        return (f"the loop{where} starts over on the restored state: under torchrun Ravex does not yet "
+                "re-enter a script's own loops (counters it keeps restart); a DataLoader loop resumes at "
+                "its batch, and `ravex.loop(...)` around a `for`'s iterable at its iteration")
+    if found is not None and found[2] == "while":
+        return (f"the while loop{where} starts over on the restored state; `for _ in "
+                "ravex.loop(itertools.count()):` in its place (its condition as `if not ...: break`) "
+                "makes the resume exact")
+    return f"the loop{where} starts over on the restored state; `{ADVICE}` around its iterable makes the resume exact"
+
+
+def _innermost_loop(frame: FrameType | None) -> tuple[str, int, str] | None:
+    current = frame
     while current is not None:
-        filename = current.f_code.co_filename
-        if os.path.realpath(filename) == main:
-            line = _enclosing_loop(filename, current.f_lineno)
-            if line is not None:
-                return f"{os.path.basename(filename)}:{line}"
+        if frames.is_user(current):
+            filename = current.f_code.co_filename
+            for first, last, kind in _loop_spans(filename):
+                if first <= current.f_lineno <= last:
+                    return os.path.basename(filename), first, kind
         current = current.f_back
     return None
 
 
-def _enclosing_loop(filename: str, lineno: int) -> int | None:
-    for start, end in _loop_spans(filename):
-        if start <= lineno <= end:
-            return start
-    return None
-
-
 @functools.lru_cache(maxsize=8)
-def _loop_spans(filename: str) -> tuple[tuple[int, int], ...]:
-    """The ``(first, last)`` lines of every loop statement of a file, innermost first."""
+def _loop_spans(filename: str) -> tuple[tuple[int, int, str], ...]:
+    """The ``(first, last, kind)`` of every loop statement of a file, innermost first."""
     try:
         with open(filename, encoding="utf-8") as f:
             tree = ast.parse(f.read(), filename)
     except (OSError, SyntaxError, ValueError):
         return ()
-    spans = [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
-             if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
+    spans = [(node.lineno, node.end_lineno or node.lineno, "while" if isinstance(node, ast.While) else "for")
+             for node in ast.walk(tree) if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
     return tuple(sorted(spans, key=lambda s: -s[0]))
 
 
