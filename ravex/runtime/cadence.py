@@ -181,7 +181,7 @@ class Cadence(Resume):
     def _watch_from(self, frame: FrameType | None) -> None:
         """Watch the innermost main-script frame at or outside ``frame`` that is in a loop."""
         self._head_watch = None
-        if self.enabled and self.world_size == 1 and (self._due or self._exit_signal is not None):
+        if self.enabled and (self._due or self._exit_signal is not None):
             frame = position.innermost_frame(frame)
             while frame is not None:
                 self._head_watch = position.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
@@ -388,9 +388,9 @@ class Cadence(Resume):
     def _script_position(self, st: LoaderState | None, reason: str) -> dict[str, Any] | None:
         """Where the main script's loops stand (:mod:`.position`), for a checkpoint taken at
         the head of a loop or at a DataLoader loop's ``next()``, or only the variables its
-        loops carry at a ``ravex.loop`` boundary (which saves the positions); None elsewhere."""
-        if self.world_size > 1:
-            return None
+        loops carry at a ``ravex.loop`` boundary (which saves the positions); None elsewhere.
+        Under torchrun each rank records its own (every rank takes the checkpoint at the same
+        step and so at the same place in the loop)."""
         frame: FrameType | None
         if reason == "exit" and self._after is not None:
             return self._after

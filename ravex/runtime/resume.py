@@ -20,7 +20,9 @@ import time
 from types import FrameType
 from typing import Any
 
+from ravex.errors import RestoreError
 from ravex.saving.backend import CheckpointBackend
+from ravex.saving.load import read_refs
 
 from . import patches, position, restore, rng
 from .config import RavexConfig
@@ -80,6 +82,7 @@ class Resume:
         #: the script that wrote the step this run found, when it is not this one: Ravex stays off
         self.other_script: str | None = None
         script_name()  # read while the main script's file is known (see script_name)
+        self._reentry_step: int | None = None  # the step whose loop position the rerun goes back to
         self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
 
     def _plan_resume(self) -> None:
@@ -125,13 +128,22 @@ class Resume:
         return True
 
     def _plan_reentry(self) -> bool:
-        """A step that recorded the main script's loop position (:mod:`.position`) is restored
-        there: the rerun is traced back to it, and the first forward pass no longer restores
-        (the script may run one before its loop). The first optimizer step still does, should
-        the position never come."""
-        if self.world_size > 1 or not self._candidates or self._written_by_several(self._candidates[0]):
+        """A step that recorded the loop position of the user's code (:mod:`.position`) is
+        restored there: the rerun is traced back to it, and the first forward pass no longer
+        restores (the script may run one before its loop). The first optimizer step still
+        does, should the position never come. Under torchrun each rank reads its own position
+        now (before the process group exists) and the ranks agree on the step when they reach
+        it (:meth:`_restore_at_position`)."""
+        if not self._candidates:
             return False
-        tree = self._load_resume()
+        step = self._candidates[0]
+        if self.world_size > 1:
+            tree = self._peek_position(step)
+        elif self._written_by_several(step):
+            return False
+        else:
+            tree = self._load_resume()
+            step = self.resumed_from if self.resumed_from is not None else step
         script = (tree or {}).get("script")
         if not script or (tree or {}).get("loops"):
             return False
@@ -139,23 +151,33 @@ class Resume:
             logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but this "
                            "interpreter's frames cannot be re-entered (CPython 3.11/3.12 without "
                            "another trace function can): the checkpoint is restored at the first "
-                           "forward pass and the loop starts over", self.resumed_from,
-                           position.describe(script))
+                           "forward pass and the loop starts over", step, position.describe(script))
             return False
         main_file = position.main_file()
         moved = position.changed(script, main_file) if main_file else "the main script has no file"
         if moved is not None:
             logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
                            "checkpoint is restored at the first forward pass and the loop starts "
-                           "over (`resume: never` in ravex.yaml starts afresh)", self.resumed_from,
+                           "over (`resume: never` in ravex.yaml starts afresh)", step,
                            position.describe(script), moved)
             return False
+        self._reentry_step = step
         self._reentry = Reentry(script, self._restore_at_position, self._position_lost)
         if script["mode"] == "header":
             self._enumerate = EnumerateFrom()
             self._enumerate.install()
         self._reentry.start(sys._getframe(1))
         return True
+
+    def _peek_position(self, step: int) -> dict[str, Any] | None:
+        """Several ranks: this rank's script position in ``step`` (read once; the rest of the
+        step is resolved against the live objects at the restore). None where the step was
+        written at another world size (the positions of other ranks do not carry over)."""
+        self._written_by_several(step)
+        loaded = self._peeked[1] if self._peeked is not None and self._peeked[0] == step else None
+        if loaded is None or loaded.saved_world_size != self.world_size or "script" not in loaded.tree:
+            return None
+        return {"script": read_refs(loaded.tree["script"]), "loops": loaded.tree.get("loops")}
 
     def _written_by_several(self, step: int) -> bool:
         """Whether ``step`` was written by several ranks (or holds shards): such a step is read
@@ -179,7 +201,9 @@ class Resume:
             shim.uninstall()
 
     def _restore_at_position(self, live: list[FrameType]) -> None:
-        """The rerun reached the saved loop position: restore, with the script's variables."""
+        """The rerun reached the saved loop position: restore, with the script's variables.
+        Several ranks agree on the step here; one other than the position's is an error, never
+        a restore at another step's position."""
         reentry = self._reentry
         finished = reentry is not None and reentry.mode == "after"
         if finished and reentry is not None and reentry.script["frames"][-1]["after"]["line"] is None:
@@ -191,6 +215,10 @@ class Resume:
                            "its training: exiting without training again", self.resumed_from)
             return
         self.ensure_restored(partial=finished)
+        if reentry is not None and self.resumed_from != self._reentry_step:
+            raise RestoreError(f"ravex: the ranks resumed step {self.resumed_from}, but this rank went "
+                               f"back to the loop position of step {self._reentry_step} (a step completed "
+                               "while the job started); rerun the job")
         if reentry is not None:
             position.put_variables(reentry.script, live)
 
@@ -305,7 +333,7 @@ class Resume:
         elif self.rank == 0 and not (self.loops_used or tree.get("loops") or tree.get("script")
                                      or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
             logger.warning("ravex: resumed step %d, but where the loop stood is unknown: %s", self.step,
-                           advice(ranks=self.world_size))
+                           advice())
 
     def restore_in_loop(self) -> None:
         """A wrapped loop (:mod:`.loops`) is back where the checkpoint was taken: restore, and

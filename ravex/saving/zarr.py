@@ -32,7 +32,7 @@ from .writer_thread import Job
 logger = logging.getLogger("ravex")
 
 #: Sections of a multi-rank tree that each rank writes for itself (under ``rank-<r>``).
-PER_RANK = ("rng", "loaders")
+PER_RANK = ("rng", "loaders", "script")
 
 
 class ZarrBackend(CheckpointBackend):

@@ -1,5 +1,5 @@
 """The one-line hint for a loop whose position a rerun cannot find fits the loop it names:
-a ``while`` is not told to wrap a ``range``, and under torchrun it says what is not done."""
+a ``while`` is not told to wrap a ``range``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,7 @@ def test_a_while_loop_is_told_how_a_while_loop_becomes_exact():
     assert "itertools.count()" in said[0] and "range(" not in said[0]
 
 
-def test_a_for_loop_is_told_to_wrap_its_iterable_and_torchrun_says_what_is_missing():
+def test_a_for_loop_is_told_to_wrap_its_iterable():
     for _ in range(1):
-        single = advice(sys._getframe())
-        several = advice(sys._getframe(), ranks=2)
-    assert "`for i in ravex.loop(range(...)):` around its iterable" in single
-    assert "under torchrun Ravex does not yet re-enter" in several
+        said = advice(sys._getframe())
+    assert "`for i in ravex.loop(range(...)):` around its iterable" in said

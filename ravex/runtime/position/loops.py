@@ -130,15 +130,11 @@ def main_loop_site(frame: FrameType | None = None) -> str | None:
     return f"{found[0]}:{found[1]}" if found is not None else None
 
 
-def advice(frame: FrameType | None = None, ranks: int = 1) -> str:
+def advice(frame: FrameType | None = None) -> str:
     """The one-line fix for a loop whose position a rerun could not find, fitting the loop
     the user's code is running (a ``while`` is not told to wrap a ``range``)."""
     found = _innermost_loop(frame if frame is not None else sys._getframe(1))
     where = f" at {found[0]}:{found[1]}" if found is not None else ""
-    if ranks > 1:
-        return (f"the loop{where} starts over on the restored state: under torchrun Ravex does not yet "
-                "re-enter a script's own loops (counters it keeps restart); a DataLoader loop resumes at "
-                "its batch, and `ravex.loop(...)` around a `for`'s iterable at its iteration")
     if found is not None and found[2] == "while":
         return (f"the while loop{where} starts over on the restored state; `for _ in "
                 "ravex.loop(itertools.count()):` in its place (its condition as `if not ...: break`) "
