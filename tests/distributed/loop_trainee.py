@@ -14,13 +14,13 @@ if os.environ.get("T_ENTRY") == "activate":
 
     ravex.activate()
 
-import threading  # noqa: E402
+import threading
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
