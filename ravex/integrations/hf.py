@@ -22,6 +22,17 @@ takes, without a checkpoint directory:
   not those fetched: accelerate's loader reads one batch ahead, so the fetched count is one
   too many, and the batch in its look-ahead would be lost.
 
+A *finished* run rerun (a resubmitted job: ``global_step`` had reached ``max_steps``) trains
+nothing: no epoch runs (a mid-epoch ``max_steps`` would otherwise run one more step before the
+Trainer's callback stops it). Ravex restores at a run's first forward pass or optimizer step,
+and such a rerun has neither before ``train()`` returns, while the Trainer builds its optimizer
+and scheduler only inside ``train()``: ``Trainer._finalize_training`` restores the checkpoint
+then, so what the script does after ``train()`` (``save_model``, ``evaluate``) sees the trained
+state, not the freshly initialised one. It also fixes the Trainer's state as ``train()`` leaves
+it for every later checkpoint: the step's checkpoint may be taken at the next batch of an
+``evaluate`` or at exit, when the Trainer has already logged this call's metrics into its
+history or is no longer alive to ask.
+
 A ``train(resume_from_checkpoint=...)`` call is left to the Trainer's own resume. A
 transformers whose Trainer lacks one of these methods is left alone, with one warning line:
 Ravex still restores the torch objects, but not the Trainer's position.
@@ -57,6 +68,8 @@ class TrainerRuntime(Protocol):
 
     def position_loader(self, loader: Any, epoch: int, consumed: int) -> bool: ...
 
+    def ensure_restored(self) -> None: ...
+
 
 class _FromRavex(str):
     """The ``resume_from_checkpoint`` the resumed epoch runs with: no directory, Ravex's step."""
@@ -68,8 +81,11 @@ FROM_RAVEX = _FromRavex("<ravex checkpoint>")
 #: set while a Ravex-resumed epoch runs: the Trainer's ``skip_first_batches`` skips nothing then
 _SKIPPING: contextvars.ContextVar[bool] = contextvars.ContextVar("ravex_hf_skipping", default=False)
 
+#: set by ``_init_training_state`` when Ravex, not ``resume_from_checkpoint``, resumes this train()
+_OWNS_RESUME = "_ravex_owns_resume"
+
 #: what :func:`install` wraps: the Trainer's methods of its resume path
-METHODS = ("_init_training_state", "_run_epoch", "_load_rng_state")
+METHODS = ("_init_training_state", "_run_epoch", "_finalize_training", "_load_rng_state")
 
 
 def install(runtime: TrainerRuntime, replace: Replace) -> None:
@@ -89,6 +105,7 @@ def install(runtime: TrainerRuntime, replace: Replace) -> None:
         return
     replace(trainer, "_init_training_state", lambda original: _init_training_state(runtime, original))
     replace(trainer, "_run_epoch", lambda original: _run_epoch(runtime, original))
+    replace(trainer, "_finalize_training", lambda original: _finalize_training(runtime, original))
     replace(trainer, "_load_rng_state", _load_rng_state)
     replace(trainer_module, "skip_first_batches", _skip_first_batches)
 
@@ -108,6 +125,7 @@ def _init_training_state(runtime: TrainerRuntime, original: Any) -> Any:
                                          resume_from_checkpoint, trial)
         trainer = weakref.ref(self)
         runtime.track_integration(NAME, lambda: _snapshot(trainer()))
+        self.__dict__[_OWNS_RESUME] = resume_from_checkpoint is None
         saved = runtime.integration_state(NAME)
         if resume_from_checkpoint is not None or not saved:
             return done
@@ -115,11 +133,13 @@ def _init_training_state(runtime: TrainerRuntime, original: Any) -> Any:
 
         self.state = TrainerState(**json.loads(saved["trainer_state"]))
         self._load_callback_state()
+        self.state.init_training_references(self, max_steps, num_train_epochs, trial)
+        if self.state.global_step >= max_steps:  # finished: no epoch runs, not even a last step
+            return num_train_epochs, 0
         epochs = self.state.global_step // num_update_steps_per_epoch
         batches = 0
         if not self.args.ignore_data_skip:
             batches = self.state.global_step % num_update_steps_per_epoch * self.args.gradient_accumulation_steps
-        self.state.init_training_references(self, max_steps, num_train_epochs, trial)
         self.__dict__["_ravex_position"] = _Position(epochs, batches)
         return epochs, batches
 
@@ -143,6 +163,20 @@ def _run_epoch(runtime: TrainerRuntime, original: Any) -> Any:
             return original(self, *args, **kwargs)
         finally:
             _SKIPPING.reset(token)
+
+    return wrapper
+
+
+def _finalize_training(runtime: TrainerRuntime, original: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The state train() ends with, before it logs this call's metrics: a rerun that resumes
+        # it runs no epoch and logs its own, so its history has the first run's length.
+        ended = _snapshot(self)
+        runtime.track_integration(NAME, lambda: ended)
+        self.__dict__.pop("_ravex_position", None)  # a finished run's rerun ran no epoch to take it
+        if self.__dict__.pop(_OWNS_RESUME, False):
+            runtime.ensure_restored()  # a no-op unless no forward pass or step of train() did it
+        return original(self, *args, **kwargs)
 
     return wrapper
 

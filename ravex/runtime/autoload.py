@@ -86,8 +86,31 @@ def _in_worker_process() -> bool:
         return False
 
 
+#: ``python -m <one of these>`` is torchrun's launcher (``torch.distributed.launch``: its old name)
+LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _in_launcher() -> bool:
+    """torchrun's launcher imports torch to start the ranks but trains nothing itself. A runtime
+    there would find the ranks' checkpoints, restore none, say so at exit and, exiting after
+    the ranks, replace rank 0's record of the run (``ravex status``) with that verdict.
+
+    Asked when torch is imported, not at interpreter start: ``sys.argv`` does not exist while
+    ``.pth`` files run. ``python -m``'s ``sys.argv[0]`` is ``-m`` while the module (and so torch,
+    its package) is being imported; the module's name is then the last of the interpreter's own
+    arguments in ``sys.orig_argv``."""
+    argv = getattr(sys, "argv", None) or [""]  # an embedding interpreter may set none
+    if os.path.basename(argv[0]).removesuffix(".exe") == "torchrun":
+        return True
+    if argv[0] != "-m":
+        return False
+    orig = getattr(sys, "orig_argv", [])  # Python 3.10+
+    interpreter = orig[:len(orig) - len(argv) + 1]
+    return bool(interpreter) and interpreter[-1].removeprefix("-m") in LAUNCHERS
+
+
 def _activate() -> None:
-    if _in_worker_process():
+    if _in_worker_process() or _in_launcher():
         return
     try:
         from ravex.runtime.lifecycle import start_from_autoloader

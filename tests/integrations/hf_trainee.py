@@ -1,10 +1,13 @@
 """A HuggingFace Trainer script as a user writes it, with no Ravex in it: a tiny GPT-2 from
-``GPT2Config`` on random tokens, ``max_steps=60`` over two epochs, Trainer's own checkpointing
-off. Under ``ravex enable`` + ``ravex.yaml`` a rerun must resume it exactly.
+``GPT2Config`` on random tokens, ``max_steps=60`` (``$T_MAX_STEPS``) over two epochs, Trainer's
+own checkpointing off, the model saved to ``final/`` and evaluated once trained. Under ``ravex
+enable`` + ``ravex.yaml`` a rerun must resume it exactly, and a rerun of a finished run must train
+nothing and save and evaluate the trained model. Runs as one process or under ``torchrun``.
 
 Prints ``STEP <global_step> <epoch> W<step>`` after every optimizer step, ``<step>`` being the
 newest checkpoint Ravex has written when it runs (a test SIGKILLs once that one is far enough) and,
-at the end, writes the final weights and Trainer's log history to ``$T_OUT`` (``torch.save``).
+at the end, rank 0 writes the final weights, Trainer's log history and the evaluation's loss to
+``$T_OUT`` (``torch.save``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-SAMPLES, SEQ, VOCAB, BATCH, MAX_STEPS = 120, 16, 64, 4, 60  # 30 steps per epoch
+SAMPLES, SEQ, VOCAB, BATCH = 120, 16, 64, 4  # 30 steps per epoch (15 a rank under torchrun x2)
+MAX_STEPS = int(os.environ.get("T_MAX_STEPS", "60"))
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -49,10 +53,13 @@ def main() -> None:
     )
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[Report()])
     trainer.train()
+    trainer.save_model("final")
+    metrics = trainer.evaluate(eval_dataset=Tokens())
     logs = [{k: e[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm")}
             for e in trainer.state.log_history if "loss" in e]
-    torch.save({"model": model.state_dict(), "logs": logs, "global_step": trainer.state.global_step},
-               os.environ["T_OUT"])
+    if trainer.is_world_process_zero():
+        torch.save({"model": model.state_dict(), "logs": logs, "global_step": trainer.state.global_step,
+                    "epoch": trainer.state.epoch, "eval_loss": metrics["eval_loss"]}, os.environ["T_OUT"])
     print("DONE", flush=True)
 
 

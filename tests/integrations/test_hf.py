@@ -2,10 +2,13 @@
 random tokens, ``max_steps=60`` over two epochs, ``save_strategy="no"``) SIGKILLed in its first
 or its second epoch and rerun unchanged ends bitwise equal to an uninterrupted run without
 Ravex, with Trainer's own ``global_step`` and log history (step, epoch, loss, learning rate,
-grad norm of every step) continuing as if never stopped."""
+grad norm of every step) continuing as if never stopped. The same script run to its end and
+rerun unchanged (a resubmitted job), as one process and under ``torchrun`` x2, trains nothing
+and saves and evaluates the trained model, bitwise as the first run did."""
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -68,6 +71,49 @@ def test_trainer_killed_in_either_epoch_resumes_bitwise(tmp_path, uninterrupted,
     assert final["global_step"] == STEPS
     assert final["logs"] == uninterrupted["logs"], f"seed {seed}: Trainer's log history differs"
     harness.assert_same_state(final["model"], uninterrupted["model"], "model")
+
+
+def _launch(python: str, nproc: int) -> list[str]:
+    torchrun = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*(torchrun if nproc > 1 else [python]), str(TRAINEE)]
+
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1-process", "torchrun-x2"])
+@pytest.mark.parametrize(("every", "max_steps"), [
+    # step 60 ends an epoch, and its checkpoint is taken at evaluate()'s first batch
+    pytest.param(4, 60, id="epoch-end"),
+    # step 50 is inside an epoch, and its checkpoint is the exit one (the Trainer is gone by then)
+    pytest.param(7, 50, id="mid-epoch"),
+])
+def test_a_finished_trainer_rerun_trains_nothing_and_saves_the_trained_model(tmp_path, enabled, nproc,
+                                                                              every, max_steps):
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {every}\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MAX_STEPS=str(max_steps), **ENV)
+    first = harness.run(_launch(enabled, nproc), tmp_path, env)
+    assert first.returncode == 0, first.explain()
+    trained = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert trained["global_step"] == max_steps
+    saved = {path.name: path.read_bytes() for path in (tmp_path / "final").iterdir()}
+    assert "model.safetensors" in saved
+
+    rerun = harness.run(_launch(enabled, nproc), tmp_path, env)
+    assert rerun.returncode == 0, rerun.explain()
+    assert rerun.resumed_from == max_steps, rerun.explain()
+    assert not [line for line in rerun.stdout if line.startswith("STEP ")], rerun.explain()
+    assert "ravex: checkpoint step" not in rerun.stderr, rerun.stderr  # no step, none written
+    assert "single sample" not in rerun.stderr and "NOT restored" not in rerun.stderr, rerun.stderr
+    again = {path.name: path.read_bytes() for path in (tmp_path / "final").iterdir()}
+    assert again.keys() == saved.keys()
+    for name, data in saved.items():
+        assert again[name] == data, f"final/{name} differs from the first run's"
+
+    evaluated = torch.load(tmp_path / "final.pt", weights_only=True)
+    for key in ("global_step", "epoch", "eval_loss", "logs"):
+        assert evaluated[key] == trained[key], f"{key}: {evaluated[key]!r} != {trained[key]!r}"
+    harness.assert_same_state(evaluated["model"], trained["model"], "model")
+    [record] = (tmp_path / ".ravex").glob("last-run-*.json")  # what `ravex status` shows
+    outcome = json.loads(record.read_text())
+    assert (outcome["found"], outcome["restored"], outcome["steps"]) == (max_steps, max_steps, 0), outcome
 
 
 def test_a_transformers_without_the_resume_methods_is_left_alone_with_one_line(monkeypatch, caplog):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -56,6 +57,23 @@ def test_bad_config_under_the_autoloader_is_one_line_and_exit_2(enabled_python, 
     assert out.stderr.strip().count("\n") == 0
     assert "'checkpoint_evry'" in out.stderr and "ravex.yaml" in out.stderr
     assert "did you mean 'checkpoint_every'" in out.stderr
+
+
+def test_torchruns_launcher_starts_no_runtime_only_its_ranks_do(enabled_python, tmp_path):
+    """torchrun's launcher imports torch but trains nothing. A runtime there found the ranks'
+    steps, restored none, said so at exit and, exiting last, replaced rank 0's record of the run
+    (``ravex status``) with its own: the record must be the rank's."""
+    (tmp_path / "ravex.yaml").write_text("storage: ./ck\n")
+    (tmp_path / "rank.py").write_text(
+        "import os, torch, ravex; print('RANK', os.getpid(), ravex.is_active(), flush=True)\n")
+    done = subprocess.run([enabled_python, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=1", "rank.py"], cwd=tmp_path, env=harness.child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [(pid, active)] = [tuple(line.split()[1:]) for line in done.stdout.splitlines() if line.startswith("RANK ")]
+    assert active == "True"
+    [record] = (tmp_path / ".ravex").glob("last-run-*.json")
+    assert json.loads(record.read_text())["pid"] == int(pid), done.stderr
 
 
 def test_enable_disable_and_status(tmp_path):
