@@ -28,6 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ravex.errors import RestoreError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 
@@ -282,11 +283,14 @@ class RavexRuntime(Cadence):
         previous = sys.excepthook
         runtime = weakref.ref(self)
 
-        def hook(*args: Any) -> None:
+        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             alive = runtime()
             if alive is not None:
                 alive._crashed = True
-            previous(*args)
+            if isinstance(value, RestoreError):  # a found checkpoint that does not fit: one line
+                sys.stderr.write(f"ravex: {value}\n")
+                return
+            previous(kind, value, tb)
 
         sys.excepthook = hook
         self._excepthook = (hook, previous)

@@ -16,6 +16,8 @@ patched                             why
 global optimizer step post hook     count steps (torch's own hook, no patch)
 ``torch.autograd.backward``         keep the loss (:mod:`.loss`; ``Tensor.backward`` calls it)
 ``amp.GradScaler.scale``            which scaled tensor stands for which loss
+``torch.save``                      a found checkpoint is restored before the script saves
+                                    (never an untrained model over the user's file)
 global forward / step pre hooks     restore before the first forward (removed after)
 ==================================  ============================================
 
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +59,28 @@ class Patches:
             self._undo.pop()()
 
 
+def _as_caller(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, with the warnings it raises that would point at this file
+    (a ``stacklevel=2`` warning of the function a patch wraps) pointing at the line of the
+    user's code that called the wrapper instead. Only for wrappers of calls made a few times
+    (constructors, ``torch.save``): catching warnings costs microseconds."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call(*args, **kwargs)
+    for w in caught:
+        if w.filename == __file__:
+            where = sys._getframe(2).f_globals
+            filename, lineno = sys._getframe(2).f_code.co_filename, sys._getframe(2).f_lineno
+        else:  # re-issued as the warnings machinery would have: its module's name and registry
+            where = next((vars(m) for m in list(sys.modules.values())
+                          if getattr(m, "__file__", None) == w.filename), {})
+            filename, lineno = w.filename, w.lineno
+        warnings.warn_explicit(w.message, w.category, filename, lineno, module=where.get("__name__"),
+                               registry=where.setdefault("__warningregistry__", {}) if where else None,
+                               source=w.source)
+    return result
+
+
 def _register_after(kind: str, runtime: Any) -> Callable[[Any], Any]:
     """Wrap an ``__init__`` so that the object is registered as it is created."""
 
@@ -62,7 +88,7 @@ def _register_after(kind: str, runtime: Any) -> Callable[[Any], Any]:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             runtime.registry.add(kind, self)
-            original(self, *args, **kwargs)
+            _as_caller(original, self, *args, **kwargs)
 
         return __init__
 
@@ -87,7 +113,7 @@ def install(runtime: Any) -> Patches:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             runtime.registry.loader_state(self)
-            original(self, *args, **kwargs)
+            _as_caller(original, self, *args, **kwargs)
 
         return __init__
 
@@ -157,6 +183,15 @@ def install(runtime: Any) -> Patches:
 
         return scale
 
+    def save(original: Any) -> Any:
+        @functools.wraps(original)
+        def save(*args: Any, **kwargs: Any) -> Any:
+            runtime.before_user_save()
+            return _as_caller(original, *args, **kwargs)
+
+        return save
+
+    patches.replace(torch, "save", save)
     patches.replace(torch.autograd, "backward", autograd_backward)
     patches.replace(torch.amp.GradScaler, "scale", scaler_scale)
     patches.replace(torch.utils.data.DataLoader, "__init__", loader_init)

@@ -82,6 +82,7 @@ class Resume:
         #: the script that wrote the step this run found, when it is not this one: Ravex stays off
         self.other_script: str | None = None
         script_name()  # read while the main script's file is known (see script_name)
+        self._early_rng: dict[str, Any] | None = None  # restored before the loop position: its RNG streams
         self._reentry_step: int | None = None  # the step whose loop position the rerun goes back to
         self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
 
@@ -215,8 +216,11 @@ class Resume:
                            "its training: exiting without training again", self.resumed_from)
             return
         self.ensure_restored(partial=finished)
+        early, self._early_rng = self._early_rng, None
+        if early is not None:  # restored at a torch.save before the loop: the loop starts from the checkpoint's RNG
+            rng.restore_rng(early)
         if reentry is not None and self.resumed_from != self._reentry_step:
-            raise RestoreError(f"ravex: the ranks resumed step {self.resumed_from}, but this rank went "
+            raise RestoreError(f"the ranks resumed step {self.resumed_from}, but this rank went "
                                f"back to the loop position of step {self._reentry_step} (a step completed "
                                "while the job started); rerun the job")
         if reentry is not None:
@@ -292,6 +296,24 @@ class Resume:
         backend.set_run(run_id)
         self._run_agreed = True
         return agreed
+
+    def before_user_save(self) -> None:
+        """``torch.save`` by the script: a checkpoint this run found and has not restored yet
+        is restored first, so that the file holds the trained state, never the state the run
+        started with; one that cannot be restored stops the run before the save
+        (:class:`~ravex.errors.RestoreError`, one line). Before a recorded loop position is
+        reached (a script saving its configuration or initial weights before its loop), the
+        position still restores the RNG streams and the loop's variables there. Not before a
+        ``ravex.loop`` (its restore belongs at the loop), nor with several ranks (the restore
+        is collective; a save by rank 0 alone must not start it)."""
+        if (self._restored or not self.enabled or self.world_size > 1 or not self._resume_loaded
+                or self._resume_loops):
+            return
+        reentry = self._reentry
+        if reentry is not None and reentry.active and self._resume_tree is not None:
+            # the loop position is still to come: its RNG streams are put back there again
+            self._early_rng = self._resume_tree.get("rng")
+        self.ensure_restored()
 
     def ensure_restored(self, partial: bool = False) -> None:
         """Restore the checkpoint into the live objects, once, before training touches them

@@ -1,6 +1,6 @@
-"""A training loop of a library's, not of the main script (as HF Trainer or Lightning run
-theirs), used by loopless_trainee.py's ``framework`` shape: Ravex sees no position of the
-script's own to go back to. An epoch that yields no batch is taken for empty data."""
+"""A training loop in the shape of a library's (as HF Trainer runs its own), in a module of
+the user's, used by loopless_trainee.py's ``framework`` shape: Ravex re-enters it like a loop
+of the main script. An epoch that yields no batch is taken for empty data."""
 
 import os
 

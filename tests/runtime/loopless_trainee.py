@@ -8,6 +8,10 @@
 ``framework`` a library's loop (``framework_loop.fit``), as a framework runs it: an epoch that
               yields no batch is taken for empty data, the loop stops, and the model is saved
               (``model.pt``)
+``save``      builds the model and optimizer, then saves the model (``model.pt``): no forward,
+              no step
+
+``T_OUT_FEATURES`` (default 1) is the model's output width: another one is a changed model.
 
 Each prints ``RESUME <ravex.status()["resume"]>`` last.
 
@@ -31,12 +35,18 @@ EPOCHS = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 DIE_AT = int(sys.argv[3]) if len(sys.argv) > 3 else None
 
 torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
+OUT = int(os.environ.get("T_OUT_FEATURES", "1"))
+model = torch.nn.Linear(4, OUT)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+data = TensorDataset(torch.randn(16, 4), torch.randn(16, OUT))
 loader = DataLoader(data, batch_size=4)
 
 if SHAPE == "noforward":
+    print(f"RESUME {ravex.status()['resume']}", flush=True)
+    sys.exit(0)
+
+if SHAPE == "save":
+    torch.save(model.state_dict(), "model.pt")
     print(f"RESUME {ravex.status()['resume']}", flush=True)
     sys.exit(0)
 

@@ -75,13 +75,18 @@ def test_a_deactivated_runtime_is_freed(tmp_path):
     import weakref
 
     model, opt, sched, loader = _objects()
-    refs = []
-    for round_ in range(2):
-        runtime = ravex.activate(storage=str(tmp_path / f"ck{round_}"), checkpoint_every=2)
+
+    def one_round(store: str) -> tuple[weakref.ref, weakref.ref]:
+        # In a function of its own: a checkpoint reads the variables of the user's frames
+        # around the loop, and CPython keeps that snapshot of a frame's locals (f_locals) for
+        # as long as the frame runs, as under any tracer; this test asks what Ravex keeps.
+        runtime = ravex.activate(storage=store, checkpoint_every=2)
         _train(model, opt, sched, loader, epochs=1)
-        refs.append((weakref.ref(runtime), weakref.ref(runtime.backend)))
-        del runtime
+        refs = (weakref.ref(runtime), weakref.ref(runtime.backend))
         ravex.deactivate()
+        return refs
+
+    refs = [one_round(str(tmp_path / f"ck{round_}")) for round_ in range(2)]
     gc.collect()
     assert all(r() is None and b() is None for r, b in refs)
 

@@ -1,5 +1,7 @@
 """A rerun that finds a checkpoint and exits without restoring it says so, once, at exit, and
-``ravex status`` shows it; a normal resume and a fresh run say nothing of the sort."""
+``ravex status`` shows it; a normal resume and a fresh run say nothing of the sort. Found but
+not restorable is never a fresh start: the run stops before its first step, in one line; and
+a script that saves before anything restored saves the checkpoint's state, not its own."""
 
 from __future__ import annotations
 
@@ -48,17 +50,17 @@ def test_a_rerun_that_never_runs_a_step_says_so_once_and_in_status(tmp_path):
     assert (cwd / ".ravex" / ".gitignore").read_text().endswith("*\n")  # never versioned
 
 
-def test_a_framework_loop_stopping_on_a_finished_epoch_says_so(tmp_path):
-    """HF Trainer's shape: the rerun's finished first epoch yields nothing, its own loop takes
-    that for empty data and saves the untrained model: the line names the finished epochs."""
+def test_a_framework_shaped_loop_in_the_users_module_resumes_where_it_was(tmp_path):
+    """HF Trainer's shape (``framework_loop.fit``: an epoch that yields no batch is taken for
+    empty data and stops the loop) in a module of the user's own: its loop is re-entered like
+    the script's, so the rerun runs exactly the steps after the checkpoint, not an empty epoch."""
     cwd = _workdir(tmp_path)
     _train(cwd, "framework", "2", "7")  # killed in the second epoch, after step 6's checkpoint
     second = _train(cwd, "framework", "2")
-    assert "EMPTY EPOCH: stopping" in second.stdout, second.explain()
-    lines = [line for line in second.stderr.splitlines() if NOT_RESTORED in line]
-    assert len(lines) == 1 and "step 6" in lines[0], second.explain()
-    assert "had finished before the checkpoint" in lines[0], lines[0]
-    assert "resume: found step 6, not restored" in _status(cwd)
+    assert "EMPTY EPOCH: stopping" not in second.stdout, second.explain()
+    assert [line for line in second.stdout if line.startswith("STEP")] == ["STEP 7", "STEP 8"], second.explain()
+    assert second.stdout[-1] == "RESUME {'found': 6, 'restored': 6}", second.explain()
+    assert NOT_RESTORED not in second.stderr, second.explain()
 
 
 def test_a_normal_resume_says_nothing_of_the_sort(tmp_path):
@@ -87,3 +89,33 @@ def test_a_fresh_run_and_one_that_never_reached_a_checkpoint_say_nothing(tmp_pat
 
 def test_status_without_a_record_says_none_recorded(tmp_path):
     assert "last run: none recorded for this store" in _status(_workdir(tmp_path))
+
+
+def test_a_checkpoint_that_does_not_fit_stops_the_run_before_its_first_step_in_one_line(tmp_path):
+    cwd = _workdir(tmp_path)
+    _train(cwd, "train", "1", "4")
+    changed = harness.run([harness.PYTHON, str(SCRIPT), "train", "1"], cwd, harness.child_env(T_OUT_FEATURES="2"))
+    assert changed.returncode != 0, changed.explain()
+    assert not any(line.startswith("STEP") for line in changed.stdout), changed.explain()
+    assert "Traceback" not in changed.stderr, changed.explain()
+    told = [line for line in changed.stderr.splitlines() if line.startswith("ravex: checkpoint step 3")]
+    assert len(told) == 1 and "storage" in told[0] and "resume: never" in told[0], changed.explain()
+
+
+def test_a_script_saving_before_any_step_saves_the_checkpoints_state(tmp_path):
+    """A rerun that saves the model before any forward pass or step (a finished job's script
+    going straight to its final save): the checkpoint is restored first, so the file holds
+    the trained weights, never the freshly initialised ones."""
+    import torch
+
+    import ravex
+
+    cwd = _workdir(tmp_path)
+    _train(cwd, "train", "1", "4")
+    saved = _train(cwd, "save")
+    assert saved.stdout[-1] == "RESUME {'found': 3, 'restored': 3}", saved.explain()
+    assert NOT_RESTORED not in saved.stderr, saved.explain()
+    written = torch.load(cwd / "model.pt", weights_only=True)
+    trained = ravex.load(str(cwd / "ck"), 3)["models"][0]["state"]
+    assert written.keys() == trained.keys()
+    assert all(torch.equal(written[k], trained[k]) for k in written)

@@ -15,6 +15,7 @@ saying what it cannot do.
 from __future__ import annotations
 
 import ctypes
+import dis
 import functools
 import os
 import site
@@ -104,6 +105,13 @@ def read_module(scope: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
         elif base in scope and _has_own(scope[base], attr):
             values[name] = getattr(scope[base], attr)
     return values
+
+
+@functools.lru_cache(maxsize=1024)
+def has_loop(code: CodeType) -> bool:
+    """Whether the code object holds a loop (a backward jump), read from its bytecode: no
+    need to parse its file's source to know that a function without one has none."""
+    return any("BACKWARD" in op.opname for op in dis.get_instructions(code))
 
 
 def user_code(code: CodeType) -> bool:

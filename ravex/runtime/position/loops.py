@@ -145,7 +145,7 @@ def advice(frame: FrameType | None = None) -> str:
 def _innermost_loop(frame: FrameType | None) -> tuple[str, int, str] | None:
     current = frame
     while current is not None:
-        if frames.is_user(current):
+        if frames.is_user(current) and frames.has_loop(current.f_code):
             filename = current.f_code.co_filename
             for first, last, kind in _loop_spans(filename):
                 if first <= current.f_lineno <= last:

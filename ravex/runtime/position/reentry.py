@@ -22,6 +22,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from ravex.errors import RestoreError
+
 from . import frames, source
 from .capture import innermost_frame, live_frames
 
@@ -94,6 +96,9 @@ class Reentry:
         if event == "line" and (self.next < len(self.order) or self.mode == "after"):
             try:
                 self._line(frame)
+            except RestoreError:
+                self.stop()
+                raise  # the checkpoint does not fit this run: the script stops here, never trains on
             except Exception as exc:  # never break the script: give the position up instead
                 self.stop()
                 self.lost(f"{type(exc).__name__}: {exc}")
