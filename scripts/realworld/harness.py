@@ -287,9 +287,11 @@ def named_files(workdir, outputs, norm):
 
 
 def file_diffs(workdir, refdir, outputs, norm=None):
-    mine, dup = named_files(workdir, outputs, norm)
+    """The script's output files that differ from the reference's (after the rename rule; of several
+    files of one name, the newest)."""
+    mine, _ = named_files(workdir, outputs, norm)
     ref, _ = named_files(refdir, outputs, norm)
-    out = [f"{f}: {len(dup)} files of this name (a new run directory), newest compared" for f in dup[:1]]
+    out = []
     for f in sorted(set(mine) | set(ref)):
         if f not in mine:
             out.append(f"{f} missing")
@@ -360,6 +362,19 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
     after = file_hashes(workdir, spec["outputs"])
     d = again["dump"]
     counters = counter_lines(again["out"], spec["counter"])
+    new = sorted(f for f in after if f not in before)
+    norm = renamer(spec)
+    new_vs_first = []  # a new file of a name the first run wrote (a new run directory): is it the same?
+    if norm:
+        first = {norm(f): f for f in before}
+        for f in new:
+            if norm(f) in first:
+                diff = compare(load_any(os.path.join(workdir, f), workdir),
+                               load_any(os.path.join(workdir, first[norm(f)]), workdir), norm(f), norm=norm)
+                if diff:
+                    nums = [x for _, x in diff if x is not None]
+                    new_vs_first.append(f"{norm(f)} differs" + (f" (max {max(nums):.3g})" if nums else
+                                                                f" ({diff[0][0]})"))
     return dict(
         first_rc=first["rc"], rerun_rc=again["rc"], rerun_secs=round(again["secs"], 1),
         first_steps=first["dump"]["step"] if first["dump"] else None,
@@ -367,7 +382,7 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
         rerun_backwards=d["backwards"] if d else None,
         changed=sorted(f for f in before if f in after and after[f][0] != before[f][0]),
         rewritten=sorted(f for f in before if f in after and after[f] != before[f] and after[f][0] == before[f][0]),
-        new=sorted(f for f in after if f not in before), gone=sorted(f for f in before if f not in after),
+        new=new, new_vs_first=new_vs_first, gone=sorted(f for f in before if f not in after),
         n_files=len(before), counter_lines=len(counters), first_counter=counters[0] if counters else None,
         resumed=(m.group(1) if (m := RESUMED.search(again["out"])) else None),
         ravex_notes=ravex_notes(again["out"])[:6], tail=again["out"].strip().splitlines()[-3:],
@@ -453,6 +468,7 @@ def main():
                 counter_lines_total=len(counters) + len(killed_counters),
                 counter_lines_ref=len(counter_lines(ref["out"], spec["counter"])),
                 state=state_diffs(d, rd), files=file_diffs(wd(f"trial{t}"), wd("ref"), spec["outputs"], norm),
+                same_name=named_files(wd(f"trial{t}"), spec["outputs"], norm)[1],
                 foreign_lines=foreign[:6], n_foreign=len(foreign), ravex_notes=ravex_notes(r["out"])[:6],
                 backwards_rerun=d["backwards"] if d else None,
             )

@@ -90,6 +90,8 @@ for r in res:
         other.append(f"{r['n_foreign']} lines not in ref, e.g. `{cell(r['foreign_lines'][0][:70])}`")
     for n in r["ravex_notes"][:2]:
         other.append(f"`{cell(n[:120])}`")
+    if r.get("same_name"):
+        other.append(f"{len(r['same_name'])} output names written twice (a new run directory), the newest compared")
     if r["unit"] == "backward":
         other.append(f"rerun ran {r['backwards_rerun']} backward() of {r['total']}")
     desc = SCRIPTS[r["script"]]["counter_desc"]
@@ -120,10 +122,11 @@ print("\n## A finished run, rerun\n")
 print("Run to the end in a fresh directory, then the same command again. *ran*: optimizer steps the "
       "second run took (0: it trained no more); *printed*: its progress lines; *files*: the script's own "
       "output files (of n) whose bytes the second run changed, rewrote with the same bytes (mtime), "
-      "created or removed.\n")
-print("| script | ran | printed | resumed | files changed | rewritten, same bytes | new files | rc "
+      "created or removed; *new vs first*: a new file of a name the first run also wrote (a new run "
+      "directory) compared with the first run's.\n")
+print("| script | ran | printed | resumed | files changed | rewritten, same bytes | new files | new vs first | rc "
       "| Ravex messages |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for r in res:
     if not r.get("summary") or not r.get("finished"):
         continue
@@ -136,5 +139,6 @@ for r in res:
                if f["first_counter"] else "0")
     notes = "; ".join(f"`{cell(n[:100])}`" for n in f["ravex_notes"][:2]) or "-"
     print(f"| {r['script']} | {f['rerun_ran']} of {f['first_steps']} | {printed} | {f['resumed'] or 'none'} | "
-          f"{lst(f['changed'])} (of {f['n_files']}) | {lst(f['rewritten'])} | {lst(f['new'])} | {f['rerun_rc']} "
+          f"{lst(f['changed'])} (of {f['n_files']}) | {lst(f['rewritten'])} | {lst(f['new'])} | "
+          f"{lst(f.get('new_vs_first', []))} | {f['rerun_rc']} "
           f"| {notes} |")
