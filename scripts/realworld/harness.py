@@ -366,11 +366,11 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
     norm = renamer(spec)
     new_vs_first = []  # a new file of a name the first run wrote (a new run directory): is it the same?
     if norm:
-        first = {norm(f): f for f in before}
+        by_name = {norm(f): f for f in before}
         for f in new:
-            if norm(f) in first:
+            if norm(f) in by_name:
                 diff = compare(load_any(os.path.join(workdir, f), workdir),
-                               load_any(os.path.join(workdir, first[norm(f)]), workdir), norm(f), norm=norm)
+                               load_any(os.path.join(workdir, by_name[norm(f)]), workdir), norm(f), norm=norm)
                 if diff:
                     nums = [x for _, x in diff if x is not None]
                     new_vs_first.append(f"{norm(f)} differs" + (f" (max {max(nums):.3g})" if nums else
