@@ -8,9 +8,14 @@ reference), then per trial a run SIGKILLed at a random step between two checkpoi
 first checkpoint is complete in the store) and the same command rerun in the same directory.
 The final state (parameters, buffers, optimizers, schedulers; dumped at exit by
 instrument/sitecustomize.py) and the script's own output files are compared with the reference.
+Last, a run to the end in a fresh directory and the same command rerun there: are the script's
+output files still exactly as the first run left them, and did the rerun train again?
+Killing stops and then SIGKILLs the whole process tree (torchrun's workers run in sessions of
+their own, out of reach of a process-group kill).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -20,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import PurePath
 
 import torch
 
@@ -33,57 +39,115 @@ RESUMED = re.compile(r"ravex: resumed from step (\d+)")
 CKPT = re.compile(r"^ravex: checkpoint step \d+:")
 
 
-def env_for(workdir):
+def env_for(workdir, spec):
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
-               PYTHONPATH=os.path.join(HERE, "instrument"),
+    path = [os.path.join(HERE, "instrument")] + [os.path.normpath(os.path.join(workdir, p))
+                                                 for p in spec.get("pythonpath", [])]
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=os.pathsep.join(path),
                RS_DUMP=os.path.join(workdir, "rs_dump.pt"), RS_PROGRESS=os.path.join(workdir, "rs_progress"))
-    env.pop("RAVEX_CONFIG", None)
-    env.pop("RS_CHILD", None)
+    for k in ("RAVEX_CONFIG", "RS_CHILD", "RS_SEED", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    if "seed" in spec:
+        env["RS_SEED"] = str(spec["seed"])
     return env
 
 
-def store_steps(workdir):
+def store_steps(workdir, nproc=1):
+    """Complete steps in the store: every rank's manifest is there."""
     d = os.path.join(workdir, "checkpoints", "steps")
     try:
         return sorted(int(s) for s in os.listdir(d)
-                      if s.isdigit() and os.path.exists(os.path.join(d, s, "rank-0.json")))
+                      if s.isdigit() and all(os.path.exists(os.path.join(d, s, f"rank-{r}.json"))
+                                             for r in range(nproc)))
     except FileNotFoundError:
         return []
 
 
+def _progress_files(workdir):
+    return [f for f in os.listdir(workdir) if re.fullmatch(r"rs_progress(\.rank\d+)?", f)]
+
+
 def read_progress(workdir):
+    """(step, backward calls) of the process, or the furthest rank under torchrun."""
+    best = (0, 0)
+    for f in _progress_files(workdir):
+        try:
+            with open(os.path.join(workdir, f)) as fh:
+                step, backwards = fh.read().split()
+            best = max(best, (int(step), int(backwards)))
+        except (FileNotFoundError, ValueError):
+            pass
+    return best
+
+
+def _children():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def kill_tree(pid):
+    """SIGSTOP pid and all its descendants until no new one appears (none can fork or restart a
+    worker any more), then SIGKILL them all: a crash of the whole job at one moment."""
+    seen = []
+    while True:
+        kids, todo, new = _children(), [pid], []
+        while todo:
+            p = todo.pop()
+            if p not in seen:
+                new.append(p)
+            todo += kids.get(p, [])
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        seen += new
+    for p in seen:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
-        with open(os.path.join(workdir, "rs_progress")) as fh:
-            step, backwards = fh.read().split()
-        return int(step), int(backwards)
-    except (FileNotFoundError, ValueError):
-        return 0, 0
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
-def run(workdir, cmd, python, kill_at=None, unit="step", need_store=True, timeout=600):
-    """Run cmd in workdir; with kill_at, SIGKILL the process group once progress >= kill_at."""
-    for f in ("rs_dump.pt", "rs_progress"):
-        if os.path.exists(os.path.join(workdir, f)):
+def run(workdir, cmd, python, spec, kill_at=None, unit="step", need_store=True, timeout=600, log_name=None):
+    """Run cmd in workdir; with kill_at, SIGKILL the process tree once progress >= kill_at."""
+    for f in os.listdir(workdir):
+        if re.fullmatch(r"rs_dump(\.rank\d+)?\.pt|rs_progress(\.rank\d+)?", f):
             os.remove(os.path.join(workdir, f))
-    log = open(os.path.join(workdir, "rs_log.txt" if kill_at is None else "rs_log_killed.txt"), "w")
+    nproc = spec.get("nproc", 1)
+    log_name = log_name or ("rs_log.txt" if kill_at is None else "rs_log_killed.txt")
+    log = open(os.path.join(workdir, log_name), "w")
     t0 = time.monotonic()
-    p = subprocess.Popen([python, *cmd.split()], cwd=workdir, env=env_for(workdir), stdout=log,
+    p = subprocess.Popen([python, *cmd.split()], cwd=workdir, env=env_for(workdir, spec), stdout=log,
                          stderr=subprocess.STDOUT, start_new_session=True)
     killed = None
     store_at_kill = None
     while p.poll() is None:
         if time.monotonic() - t0 > timeout:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
             break
         if kill_at is not None:
             step, backwards = read_progress(workdir)
             pos = step if unit == "step" else backwards
-            if pos >= kill_at and (not need_store or store_steps(workdir)):
-                os.killpg(p.pid, signal.SIGKILL)
+            if pos >= kill_at and (not need_store or store_steps(workdir, nproc)):
+                kill_tree(p.pid)
                 p.wait()
                 killed = read_progress(workdir)
-                store_at_kill = store_steps(workdir)
+                store_at_kill = store_steps(workdir, nproc)
                 break
         time.sleep(0.002)
     p.wait()
@@ -91,22 +155,37 @@ def run(workdir, cmd, python, kill_at=None, unit="step", need_store=True, timeou
     with open(log.name) as fh:
         out = fh.read()
     return dict(rc=p.returncode, out=out, secs=time.monotonic() - t0, killed=killed, store_at_kill=store_at_kill,
-                dump=load_dump(workdir) if kill_at is None else None)
+                dump=load_dump(workdir, nproc) if kill_at is None else None)
 
 
-def load_dump(workdir):
-    path = os.path.join(workdir, "rs_dump.pt")
-    if not os.path.exists(path):
-        return None
-    return torch.load(path, weights_only=False)
+def load_dump(workdir, nproc=1):
+    """The final state; under torchrun the ranks' dumps in one (lists concatenated in rank order,
+    counters the furthest rank's), None when any is missing."""
+    if nproc == 1:
+        path = os.path.join(workdir, "rs_dump.pt")
+        return torch.load(path, weights_only=False) if os.path.exists(path) else None
+    dumps = []
+    for r in range(nproc):
+        path = os.path.join(workdir, f"rs_dump.rank{r}.pt")
+        if not os.path.exists(path):
+            return None
+        dumps.append(torch.load(path, weights_only=False))
+    out = {k: [x for d in dumps for x in d[k]] for k in ("modules", "params", "buffers", "optimizers", "schedulers")}
+    out["modules"] = [f"rank{r}:{m}" for r, d in enumerate(dumps) for m in d["modules"]]
+    for k in ("step", "optimizer_step_calls", "backwards"):
+        out[k] = max(d[k] for d in dumps)
+    return out
 
 
 # ── comparison ─────────────────────────────────────────────────────────────
 
-def compare(a, b, path="", diffs=None):
-    """Walk two nested structures; return list of (path, max_abs_diff or None for non-tensor mismatch)."""
+def compare(a, b, path="", diffs=None, norm=None, depth=0):
+    """Walk two nested structures; return list of (path, max_abs_diff or None for non-tensor mismatch).
+    norm: applied to strings and paths before comparing them (run ids made of the clock)."""
     if diffs is None:
         diffs = []
+    if depth > 30:
+        return diffs
     if torch.is_tensor(a) and torch.is_tensor(b):
         if a.shape != b.shape or a.dtype != b.dtype:
             diffs.append((path, float("inf")))
@@ -122,14 +201,21 @@ def compare(a, b, path="", diffs=None):
             if k not in a or k not in b:
                 diffs.append((f"{path}/{k}", None))
             else:
-                compare(a[k], b[k], f"{path}/{k}", diffs)
+                compare(a[k], b[k], f"{path}/{k}", diffs, norm, depth + 1)
     elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             diffs.append((f"{path}[len {len(a)}!={len(b)}]", None))
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            compare(x, y, f"{path}[{i}]", diffs)
+            compare(x, y, f"{path}[{i}]", diffs, norm, depth + 1)
     elif hasattr(a, "state_dict") and hasattr(b, "state_dict") and isinstance(a, torch.nn.Module):
-        compare(a.state_dict(), b.state_dict(), path, diffs)
+        compare(a.state_dict(), b.state_dict(), path, diffs, norm, depth + 1)
+    elif norm and isinstance(a, (str, PurePath)) and isinstance(b, (str, PurePath)):
+        if norm(str(a)) != norm(str(b)):
+            diffs.append((path, None))
+    elif (hasattr(a, "__dict__") and not isinstance(a, type) and type(a).__eq__ is object.__eq__
+          and (type(a).__module__, type(a).__qualname__) == (type(b).__module__, type(b).__qualname__)):
+        # a pickled object of the script's own class (loaded from two folders: two classes): its fields
+        compare(vars(a), vars(b), path, diffs, norm, depth + 1)
     else:
         try:
             same = a == b
@@ -167,34 +253,66 @@ def user_files(workdir, outputs):
 
 
 def load_any(path, workdir):
-    """A .pt/.pth file as objects (a pickled module needs the script's folder importable), else bytes."""
+    """A .pt/.pth file as objects (a pickled object needs the script's folder importable: its modules
+    are imported from there and forgotten after), else bytes."""
     if path.endswith((".pt", ".pth")):
-        saved = sys.modules.pop("model", None)
+        before = dict(sys.modules)
         sys.path.insert(0, workdir)
         try:
             return torch.load(path, weights_only=False, map_location="cpu")
         finally:
             sys.path.remove(workdir)
-            sys.modules.pop("model", None)
-            if saved is not None:
-                sys.modules["model"] = saved
+            for name in [n for n in sys.modules if n not in before]:
+                del sys.modules[name]
+            sys.modules.update(before)
     with open(path, "rb") as fh:
         return fh.read()
 
 
-def file_diffs(workdir, refdir, outputs):
-    mine, ref = set(user_files(workdir, outputs)), set(user_files(refdir, outputs))
+def renamer(spec):
+    """The script's rename rule as a function on strings (identity without one)."""
+    if "rename" not in spec:
+        return None
+    rx, repl = spec["rename"]
+    return lambda s: re.sub(rx, repl, s)
+
+
+def named_files(workdir, outputs, norm):
+    """{name after the rename rule: newest path}, and the names that more than one path had."""
+    by = {}
+    for f in user_files(workdir, outputs):
+        by.setdefault(norm(f) if norm else f, []).append(f)
+    newest = {k: max(v, key=lambda f: os.stat(os.path.join(workdir, f)).st_mtime_ns) for k, v in by.items()}
+    return newest, sorted(k for k, v in by.items() if len(v) > 1)
+
+
+def file_diffs(workdir, refdir, outputs, norm=None):
+    """The script's output files that differ from the reference's (after the rename rule; of several
+    files of one name, the newest)."""
+    mine, _ = named_files(workdir, outputs, norm)
+    ref, _ = named_files(refdir, outputs, norm)
     out = []
-    for f in sorted(mine | ref):
+    for f in sorted(set(mine) | set(ref)):
         if f not in mine:
             out.append(f"{f} missing")
         elif f not in ref:
             out.append(f"{f} extra")
         else:
-            d = compare(load_any(os.path.join(workdir, f), workdir), load_any(os.path.join(refdir, f), refdir), f)
+            d = compare(load_any(os.path.join(workdir, mine[f]), workdir),
+                        load_any(os.path.join(refdir, ref[f]), refdir), f, norm=norm)
             if d:
                 nums = [x for _, x in d if x is not None]
-                out.append(f"{f} differs" + (f" (max {max(nums):.3g})" if nums else ""))
+                out.append(f"{f} differs" + (f" (max {max(nums):.3g})" if nums else f" ({d[0][0]})"))
+    return out
+
+
+def file_hashes(workdir, outputs):
+    """{path: (sha256, mtime_ns)} of the script's output files."""
+    out = {}
+    for f in user_files(workdir, outputs):
+        p = os.path.join(workdir, f)
+        with open(p, "rb") as fh:
+            out[f] = (hashlib.sha256(fh.read()).hexdigest(), os.stat(p).st_mtime_ns)
     return out
 
 
@@ -207,12 +325,13 @@ def normalize(line):
     line = re.sub(r"time:? *[\d.]+ ?m?s", "time", line)
     line = re.sub(r"ms/batch +[\d.]+", "ms/batch", line)
     line = re.sub(r"mfu -?[\d.]+%", "mfu", line)
+    line = re.sub(r"iter_dt [\d.]+ms", "iter_dt", line)
     return line.strip()
 
 
-def script_lines(out):
-    return [normalize(x) for x in out.splitlines() if x.strip() and not x.startswith(("ravex", "[rs-"))
-            and "Warning" not in x and not x.startswith(" ")]
+def script_lines(out, norm=None):
+    return [(norm or str)(normalize(x)) for x in out.splitlines() if x.strip()
+            and not x.startswith(("ravex", "[rs-")) and "Warning" not in x and not x.startswith(" ")]
 
 
 def ravex_notes(out):
@@ -231,6 +350,45 @@ def fresh(template, dst, sub, yaml):
             fh.write(yaml)
 
 
+def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
+    """Run to the end in a fresh directory, then the same command again: what the second run did to
+    the script's output files (bytes, sha256) and whether it trained again."""
+    fresh(tpl, os.path.join(base, "finished"), sub, yaml)
+    workdir = os.path.join(base, "finished", sub)
+    first = run(workdir, spec["cmd"], python, spec)
+    before = file_hashes(workdir, spec["outputs"])
+    time.sleep(0.05)  # a rewrite shows in st_mtime_ns even on a coarse clock
+    again = run(workdir, spec["cmd"], python, spec, log_name="rs_log_rerun.txt")
+    after = file_hashes(workdir, spec["outputs"])
+    d = again["dump"]
+    counters = counter_lines(again["out"], spec["counter"])
+    new = sorted(f for f in after if f not in before)
+    norm = renamer(spec)
+    new_vs_first = []  # a new file of a name the first run wrote (a new run directory): is it the same?
+    if norm:
+        by_name = {norm(f): f for f in before}
+        for f in new:
+            if norm(f) in by_name:
+                diff = compare(load_any(os.path.join(workdir, f), workdir),
+                               load_any(os.path.join(workdir, by_name[norm(f)]), workdir), norm(f), norm=norm)
+                if diff:
+                    nums = [x for _, x in diff if x is not None]
+                    new_vs_first.append(f"{norm(f)} differs" + (f" (max {max(nums):.3g})" if nums else
+                                                                f" ({diff[0][0]})"))
+    return dict(
+        first_rc=first["rc"], rerun_rc=again["rc"], rerun_secs=round(again["secs"], 1),
+        first_steps=first["dump"]["step"] if first["dump"] else None,
+        rerun_ran=(d["step"] if unit == "step" else d["backwards"]) if d else None,
+        rerun_backwards=d["backwards"] if d else None,
+        changed=sorted(f for f in before if f in after and after[f][0] != before[f][0]),
+        rewritten=sorted(f for f in before if f in after and after[f] != before[f] and after[f][0] == before[f][0]),
+        new=new, new_vs_first=new_vs_first, gone=sorted(f for f in before if f not in after),
+        n_files=len(before), counter_lines=len(counters), first_counter=counters[0] if counters else None,
+        resumed=(m.group(1) if (m := RESUMED.search(again["out"])) else None),
+        ravex_notes=ravex_notes(again["out"])[:6], tail=again["out"].strip().splitlines()[-3:],
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkout")
@@ -238,7 +396,8 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results directory (default: ./results/<sha>)")
-    ap.add_argument("--src", default=scripts.SRC, help="holds nanoGPT/ and examples/ (default: $RAVEX_RS_SRC or ./src)")
+    ap.add_argument("--src", default=scripts.SRC,
+                    help="holds nanoGPT/, examples/, minGPT/, pytorch-template/ (default: $RAVEX_RS_SRC or ./src)")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
     sha = subprocess.run(["git", "-C", args.checkout, "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -266,33 +425,36 @@ def main():
         def wd(run_name, base=base, sub=sub):
             return os.path.join(base, run_name, sub)
 
+        nproc = spec.get("nproc", 1)
+        norm = renamer(spec)
         fresh(tpl, os.path.join(base, "plain"), sub, None)
-        plain = run(wd("plain"), spec["cmd"], args.python)
+        plain = run(wd("plain"), spec["cmd"], args.python, spec)
         fresh(tpl, os.path.join(base, "ref"), sub, yaml)
-        ref = run(wd("ref"), spec["cmd"], args.python)
+        ref = run(wd("ref"), spec["cmd"], args.python, spec)
         rd = ref["dump"]
         unit = "step" if rd and rd["step"] > 0 else "backward"
         total = rd["step"] if unit == "step" else rd["backwards"]
-        ref_store = store_steps(wd("ref"))
+        ref_store = store_steps(wd("ref"), nproc)
         every = spec["every"]
         print(f"[{name}] plain rc={plain['rc']} {plain['secs']:.1f}s; ref rc={ref['rc']} {ref['secs']:.1f}s "
               f"total={total} {unit}s store={ref_store}", flush=True)
         plain_vs_ref = state_diffs(plain["dump"], rd)
         lo = every + 1 if ref_store else 5
         candidates = [s for s in range(lo, total) if s % every != 0]
-        ref_lines = script_lines(ref["out"])
+        ref_lines = script_lines(ref["out"], norm)
         for t in range(args.trials):
             target = rng.choice(candidates)
             tdir = os.path.join(base, f"trial{t}")
             fresh(tpl, tdir, sub, yaml)
-            k = run(wd(f"trial{t}"), spec["cmd"], args.python, kill_at=target, unit=unit, need_store=bool(ref_store))
-            r = run(wd(f"trial{t}"), spec["cmd"], args.python)
+            k = run(wd(f"trial{t}"), spec["cmd"], args.python, spec, kill_at=target, unit=unit,
+                    need_store=bool(ref_store))
+            r = run(wd(f"trial{t}"), spec["cmd"], args.python, spec)
             m = RESUMED.search(r["out"])
             resumed = int(m.group(1)) if m else None
             d = r["dump"]
             ran = (d["step"] if unit == "step" else d["backwards"]) if d else None
             expected = total - (resumed or 0) if unit == "step" else total
-            rerun_lines = script_lines(r["out"])
+            rerun_lines = script_lines(r["out"], norm)
             foreign = [x for x in rerun_lines if x not in ref_lines]
             counters = counter_lines(r["out"], spec["counter"])
             killed_counters = counter_lines(k["out"], spec["counter"])
@@ -305,7 +467,8 @@ def main():
                 last_counter_killed=killed_counters[-1] if killed_counters else None,
                 counter_lines_total=len(counters) + len(killed_counters),
                 counter_lines_ref=len(counter_lines(ref["out"], spec["counter"])),
-                state=state_diffs(d, rd), files=file_diffs(wd(f"trial{t}"), wd("ref"), spec["outputs"]),
+                state=state_diffs(d, rd), files=file_diffs(wd(f"trial{t}"), wd("ref"), spec["outputs"], norm),
+                same_name=named_files(wd(f"trial{t}"), spec["outputs"], norm)[1],
                 foreign_lines=foreign[:6], n_foreign=len(foreign), ravex_notes=ravex_notes(r["out"])[:6],
                 backwards_rerun=d["backwards"] if d else None,
             )
@@ -314,9 +477,12 @@ def main():
             eq = all(v["equal"] for v in st.values()) if st else None
             print(f"[{name}] trial {t}: kill@{row['killed_at']} resumed={resumed} ran={ran}/{expected} "
                   f"bitwise={eq} files={row['files']}", flush=True)
+        finished = finished_rerun(spec, tpl, sub, yaml, base, args.python, unit)
+        print(f"[{name}] finished rerun: ran={finished['rerun_ran']} files changed={finished['changed']} "
+              f"rewritten={finished['rewritten']} new={finished['new'][:3]}", flush=True)
         results.append(dict(script=name, summary=True, plain_vs_ref=plain_vs_ref, ref_store=ref_store,
                             total=total, unit=unit, ref_rc=ref["rc"], plain_rc=plain["rc"],
-                            ref_notes=ravex_notes(ref["out"])[:6], cmd=spec["cmd"]))
+                            ref_notes=ravex_notes(ref["out"])[:6], cmd=spec["cmd"], finished=finished))
         with open(rpath, "w") as fh:
             json.dump(results, fh, indent=1, default=str)
     print(rpath)

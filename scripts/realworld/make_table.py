@@ -53,13 +53,16 @@ git worktree add ../ravex-<sha> <sha>
 bash scripts/realworld/run_all.sh ../ravex-<sha> --work DIR --trials 3 --seed 14
 ```
 
-Each script runs unchanged from a copy of its source (karpathy/nanoGPT, pytorch/examples), with the
-commands listed below, `OMP_NUM_THREADS=1`, on CPU, with `ravex enable` and a `ravex.yaml` beside it
-(`storage: ./checkpoints`, `checkpoint_every: 20`, `keep_last: 3`). The reference is the same command
+Each script runs from a copy of its source (karpathy/nanoGPT, pytorch/examples, karpathy/minGPT,
+victoresque/pytorch-template; unchanged but for the CPU/gloo edits of the torchrun scripts in
+`scripts.py` PATCHES), with the commands listed below, `OMP_NUM_THREADS=1`, on CPU, with
+`ravex enable` and a `ravex.yaml` beside it (`storage: ./checkpoints`, `checkpoint_every: 20`, 10 for
+mingpt-ddp, `keep_last: 3`). The reference is the same command
 run uninterrupted under Ravex. "step" is Ravex's rule: the most optimizer steps any one optimizer took
 (dcgan: iterations). wlm (no `torch.optim`) is measured in `backward()` calls. Kill = SIGKILL to the
 process group once the step counter reached a random target that is not a checkpoint step, with at
-least one complete step in the store. Final state is dumped at exit by `instrument/sitecustomize.py`
+least one complete step in the store (torchrun: the whole process tree, every rank's manifest).
+Final state is dumped at exit by `instrument/sitecustomize.py`
 (PYTHONPATH; global forward/step hooks, no edit to the scripts).
 
 Columns: *kill* = step reached when killed; *store* = complete steps in the store then; *resumed* =
@@ -87,6 +90,8 @@ for r in res:
         other.append(f"{r['n_foreign']} lines not in ref, e.g. `{cell(r['foreign_lines'][0][:70])}`")
     for n in r["ravex_notes"][:2]:
         other.append(f"`{cell(n[:120])}`")
+    if r.get("same_name"):
+        other.append(f"{len(r['same_name'])} output names written twice (a new run directory), the newest compared")
     if r["unit"] == "backward":
         other.append(f"rerun ran {r['backwards_rerun']} backward() of {r['total']}")
     desc = SCRIPTS[r["script"]]["counter_desc"]
@@ -112,3 +117,28 @@ for r in res:
     notes = "; ".join(f"`{cell(n[:140])}`" for n in r["ref_notes"]) or "-"
     print(f"| {r['script']} | `python {r['cmd']}` | {r['total']} {r['unit']}s | "
           f"{','.join(map(str, r['ref_store'])) or 'empty'} | {same} | {notes} |")
+
+print("\n## A finished run, rerun\n")
+print("Run to the end in a fresh directory, then the same command again. *ran*: optimizer steps the "
+      "second run took (0: it trained no more); *printed*: its progress lines; *files*: the script's own "
+      "output files (of n) whose bytes the second run changed, rewrote with the same bytes (mtime), "
+      "created or removed; *new vs first*: a new file of a name the first run also wrote (a new run "
+      "directory) compared with the first run's.\n")
+print("| script | ran | printed | resumed | files changed | rewritten, same bytes | new files | new vs first | rc "
+      "| Ravex messages |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for r in res:
+    if not r.get("summary") or not r.get("finished"):
+        continue
+    f = r["finished"]
+
+    def lst(xs):
+        return "; ".join(cell(x) for x in xs[:3]) + (f" (+{len(xs) - 3})" if len(xs) > 3 else "") if xs else "-"
+    desc = SCRIPTS[r["script"]]["counter_desc"]
+    printed = (f"{f['counter_lines']}, from {desc} = {','.join(f['first_counter'])}"
+               if f["first_counter"] else "0")
+    notes = "; ".join(f"`{cell(n[:100])}`" for n in f["ravex_notes"][:2]) or "-"
+    print(f"| {r['script']} | {f['rerun_ran']} of {f['first_steps']} | {printed} | {f['resumed'] or 'none'} | "
+          f"{lst(f['changed'])} (of {f['n_files']}) | {lst(f['rewritten'])} | {lst(f['new'])} | "
+          f"{lst(f.get('new_vs_first', []))} | {f['rerun_rc']} "
+          f"| {notes} |")

@@ -6,14 +6,15 @@
 #   CHECKOUT   the Ravex checkout under test (a git worktree); installed editable into the venv
 #   --work     work directory (default: $RAVEX_RS_WORK, else ./realworld-work); holds the defaults below
 #   --venv     venv the scripts run in (default: WORK/venv; built when missing; env RAVEX_RS_VENV)
-#   --src      sources: SRC/nanoGPT and SRC/examples (default: WORK/src; env RAVEX_RS_SRC)
+#   --src      sources: SRC/nanoGPT, SRC/examples, SRC/minGPT, SRC/pytorch-template (default: WORK/src;
+#              env RAVEX_RS_SRC); the last two only for the scripts that use them
 #   --results  results root (default: WORK/results; env RAVEX_RS_RESULTS); writes RESULTS/<sha>/
 #   --python   interpreter used to build a missing venv (default: python3)
 # Every other option goes to harness.py (--trials, --seed, --scripts).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
-  sed -n '2,13p' "$0" >&2; exit 2
+  sed -n '2,14p' "$0" >&2; exit 2
 fi
 CHECKOUT=$(realpath "$1"); shift
 WORK=${RAVEX_RS_WORK:-}
@@ -39,6 +40,9 @@ RESULTS=$(realpath -m "${RESULTS:-$WORK/results}")
 for d in "$SRC/nanoGPT" "$SRC/examples"; do
   [ -d "$d" ] || { echo "missing $d: clone karpathy/nanoGPT and pytorch/examples there (README.md)" >&2; exit 2; }
 done
+for d in "$SRC/minGPT" "$SRC/pytorch-template"; do  # chargpt; pytorch-template
+  [ -d "$d" ] || echo "note: no $d: the scripts that use it will fail (README.md)" >&2
+done
 mkdir -p "$WORK"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
@@ -47,6 +51,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/pip" install -q "numpy>=1.26" "zarr>=3.1,<4" "numcodecs>=0.15" "fsspec>=2024.6" "xxhash>=3.4" \
     "ml_dtypes>=0.4" "pyyaml>=6" "textual>=1.0" "rich>=13"
 fi
+# the scripts' own dependencies: hydra-core and boto3 (mingpt-ddp), pandas (pytorch-template; its
+# MetricTracker assigns through chained indexing, which pandas 3 no longer writes through)
+"$VENV/bin/python" -c "import hydra, boto3, pandas; assert pandas.__version__ < '3'" 2>/dev/null \
+  || "$VENV/bin/pip" install -q "hydra-core>=1.3" boto3 "pandas>=2,<3" 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/pip" install -q --no-deps -e "$CHECKOUT" 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/ravex" enable >/dev/null  # the autoloader, in this venv only
 "$VENV/bin/python" -c "import ravex, sys; assert ravex.__file__.startswith(sys.argv[1]), ravex.__file__" "$CHECKOUT"

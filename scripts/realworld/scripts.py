@@ -1,8 +1,18 @@
 """The scripts under test: where their sources come from, their tiny data, their commands.
 
-Each entry builds a template directory (sources copied unchanged, data written here, seeded, so
-every run of every checkout sees the same bytes) and says the command, the working directory
-inside the template, what to parse from the output and which ravex.yaml to use.
+Each entry builds a template directory (sources copied, data written here, seeded, so every run of
+every checkout sees the same bytes) and says the command, the working directory inside the
+template, what to parse from the output and which ravex.yaml to use.
+
+Sources are copied unchanged, except the few CPU/gloo edits of the torchrun scripts listed in
+PATCHES (exact text replacements applied to the copy at build time; the source dir is untouched).
+
+Optional keys of an entry: nproc (ranks under torchrun: per-rank dumps, a step is complete when
+every rank's manifest is there), pythonpath (folders, relative to the run directory, put on
+PYTHONPATH after the instrumentation), seed (RS_SEED: the instrumentation calls torch.manual_seed
+right after `import torch`, for a script that seeds nothing), rename ((regex, replacement) applied
+to output file paths and to strings inside .pt files before comparing, for run ids made of the
+clock).
 """
 
 import os
@@ -12,7 +22,8 @@ import struct
 
 import numpy as np
 
-# SRC/nanoGPT (karpathy/nanoGPT) and SRC/examples (pytorch/examples); harness.py sets it from --src.
+# SRC/nanoGPT (karpathy/nanoGPT), SRC/examples (pytorch/examples), SRC/minGPT (karpathy/minGPT),
+# SRC/pytorch-template (victoresque/pytorch-template); harness.py sets it from --src.
 SRC = os.environ.get("RAVEX_RS_SRC", "src")
 
 
@@ -42,14 +53,19 @@ def _idx(path, magic, arr):
         fh.write(arr.astype(np.uint8).tobytes())
 
 
-def mnist(tpl):
-    _copy(f"{SRC}/examples/mnist", f"{tpl}/mnist")
-    raw = f"{tpl}/data/MNIST/raw"  # main.py opens datasets.MNIST('../data'): torchvision looks in <root>/MNIST/raw
+def _mnist_raw(root):
+    """1600/500 random 28x28 images as MNIST idx files where datasets.MNIST(root) looks for them."""
+    raw = f"{root}/MNIST/raw"
     os.makedirs(raw, exist_ok=True)
     rng = np.random.default_rng(1)
     for prefix, n in (("train", 1600), ("t10k", 500)):
         _idx(f"{raw}/{prefix}-images-idx3-ubyte", 2051, rng.integers(0, 256, (n, 28, 28)))
         _idx(f"{raw}/{prefix}-labels-idx1-ubyte", 2049, rng.integers(0, 10, (n,)))
+
+
+def mnist(tpl):
+    _copy(f"{SRC}/examples/mnist", f"{tpl}/mnist")
+    _mnist_raw(f"{tpl}/data")  # main.py opens datasets.MNIST('../data')
     return "mnist"
 
 
@@ -122,4 +138,139 @@ def vae(tpl):
 SCRIPTS["vae"] = dict(
     build=vae, cmd="main.py --epochs 4 --batch-size 64 --log-interval 5 --no-accel",
     every=20, counter=r"^Train Epoch: (\d+) \[(\d+)/", counter_desc="epoch, sample", outputs=["results"],
+)
+
+
+# ── training loops in a class of their own module, and torchrun ─────────────
+
+def _patch(path, edits):
+    """Exact text replacements in a copied file; each old text must occur (else the source moved on)."""
+    with open(path) as fh:
+        text = fh.read()
+    for old, new in edits:
+        if old not in text:
+            raise RuntimeError(f"{path}: patch target not found (another commit of the source?): {old!r}")
+        text = text.replace(old, new)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _text(path, n, seed):
+    """n random characters, one line (a character-level corpus; chargpt's prompt "O God, O God!"
+    needs its letters)."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as fh:
+        fh.write("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyzGO ,.;!"), n)))
+
+
+def chargpt(tpl):
+    _copy(f"{SRC}/minGPT", f"{tpl}/minGPT")
+    _text(f"{tpl}/minGPT/projects/chargpt/input.txt", 20000, 3)  # chargpt.py opens input.txt
+    return "minGPT/projects/chargpt"
+
+
+# The CPU/gloo edits the torchrun scripts need (they pick cuda:<LOCAL_RANK> unconditionally). Each
+# keeps the GPU path as it was; the scripts' own flags choose the CPU (nanoGPT: --device=cpu).
+PATCHES = {
+    "minGPT-ddp/mingpt/main.py": [
+        # verify_min_gpu_count() exits without 2 GPUs
+        ("if not verify_min_gpu_count(min_gpus=_min_gpu_count):",
+         "if torch.accelerator.is_available() and not verify_min_gpu_count(min_gpus=_min_gpu_count):"),
+        # ddp_setup(): without an accelerator (a CUDA build still names one), the CPU, whose backend is gloo
+        ('device: torch.device = torch.device(f"{acc}:{rank}")',
+         'device: torch.device = torch.device(f"{acc}:{rank}" if torch.accelerator.is_available() else "cpu")'),
+        ("    torch.accelerator.set_device_index(rank)",
+         "    if torch.accelerator.is_available(): torch.accelerator.set_device_index(rank)"),
+    ],
+    "minGPT-ddp/mingpt/trainer.py": [
+        ('self.device: torch.device = torch.device(f"{self.acc}:{self.local_rank}")',
+         'self.device: torch.device = torch.device(f"{self.acc}:{self.local_rank}"'
+         ' if torch.accelerator.is_available() else "cpu")'),
+        ("model.to(self.local_rank)", "model.to(self.device)"),
+        ("source.to(self.local_rank)", "source.to(self.device)"),
+        ("targets.to(self.local_rank)", "targets.to(self.device)"),
+        ("DDP(self.model, device_ids=[self.local_rank])",
+         "DDP(self.model, device_ids=[self.local_rank] if self.device.type != 'cpu' else None)"),
+    ],
+    "nanoGPT/train.py": [
+        # `device = f'cuda:{ddp_local_rank}'` and torch.cuda.set_device() under torchrun, whatever --device says
+        ("    device = f'cuda:{ddp_local_rank}'\n    torch.cuda.set_device(device)",
+         "    if device != 'cpu':\n        device = f'cuda:{ddp_local_rank}'\n        torch.cuda.set_device(device)"),
+        ("DDP(model, device_ids=[ddp_local_rank])",
+         "DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)"),
+    ],
+}
+
+
+def _apply_patches(tpl, prefix):
+    for rel, edits in PATCHES.items():
+        if rel.startswith(prefix + "/"):
+            _patch(f"{tpl}/{rel}", edits)
+
+
+def mingpt_ddp(tpl):
+    _copy(f"{SRC}/examples/distributed/minGPT-ddp", f"{tpl}/minGPT-ddp")
+    _apply_patches(tpl, "minGPT-ddp")
+    # 388 characters, block 32: 356 samples, 320 train (random_split 0.9): 20 iterations of 8 per rank
+    _text(f"{tpl}/minGPT-ddp/mingpt/rs_input.txt", 388, 4)
+    return "minGPT-ddp/mingpt"
+
+
+def nanogpt_ddp(tpl):
+    sub = nanogpt(tpl)
+    _apply_patches(tpl, "nanoGPT")
+    return sub
+
+
+PT_CONFIG = {  # config.json of the template, at a tiny size (n_gpu 0, no workers, no tensorboard)
+    "name": "Mnist_LeNet", "n_gpu": 0,
+    "arch": {"type": "MnistModel", "args": {}},
+    "data_loader": {"type": "MnistDataLoader", "args": {
+        "data_dir": "data/", "batch_size": 64, "shuffle": True, "validation_split": 0.1, "num_workers": 0}},
+    "optimizer": {"type": "Adam", "args": {"lr": 0.001, "weight_decay": 0, "amsgrad": True}},
+    "loss": "nll_loss", "metrics": ["accuracy", "top_k_acc"],
+    "lr_scheduler": {"type": "StepLR", "args": {"step_size": 2, "gamma": 0.5}},
+    "trainer": {"epochs": 4, "save_dir": "saved/", "save_period": 1, "verbosity": 2,
+                "monitor": "min val_loss", "early_stop": 10, "tensorboard": False},
+}
+
+
+def pytorch_template(tpl):
+    import json
+    _copy(f"{SRC}/pytorch-template", f"{tpl}/pytorch-template")
+    _mnist_raw(f"{tpl}/pytorch-template/data")  # MnistDataLoader: datasets.MNIST('data/', download=True) finds them
+    with open(f"{tpl}/pytorch-template/rs_config.json", "w") as fh:
+        json.dump(PT_CONFIG, fh, indent=4)
+    return "pytorch-template"
+
+
+TORCHRUN = "-m torch.distributed.run --standalone --nproc-per-node 2"
+
+SCRIPTS["chargpt"] = dict(
+    build=chargpt,
+    cmd=("chargpt.py --model.model_type=None --model.n_layer=2 --model.n_head=2 --model.n_embd=32"
+         " --data.block_size=32 --trainer.batch_size=8 --trainer.max_iters=520 --trainer.num_workers=0"),
+    every=20, pythonpath=["../.."],  # `from mingpt.model import GPT`: the repo root, as `pip install -e .` would
+    counter=r"^iter_dt [\d.]+ms; iter (\d+):", counter_desc="iter", outputs=["out"],
+)
+SCRIPTS["mingpt-ddp"] = dict(
+    build=mingpt_ddp,
+    cmd=(f"{TORCHRUN} main.py gpt_config.n_layer=2 gpt_config.n_head=2 gpt_config.n_embd=32"
+         " data_config.path=rs_input.txt data_config.block_size=32 data_config.truncate=1.0"
+         " trainer_config.max_epochs=4 trainer_config.batch_size=8 trainer_config.data_loader_workers=0"
+         " trainer_config.use_amp=False trainer_config.save_every=2"),
+    every=10, nproc=2, seed=0,  # main.py seeds nothing (random_split, GPT init)
+    counter=r"^\[RANK(\d+)\] Epoch (\d+) \| Iter (\d+) \| Train", counter_desc="rank, epoch, iter",
+    outputs=["gpt_snapshot.pt"],
+)
+SCRIPTS["nanogpt-ddp"] = dict(
+    build=nanogpt_ddp,
+    cmd=f"{TORCHRUN} " + NANOGPT_CMD.replace("--gradient_accumulation_steps=1", "--gradient_accumulation_steps=2")
+    + " --backend=gloo",
+    every=20, nproc=2, counter=r"^iter (\d+):", counter_desc="iter N", outputs=["out"],
+)
+SCRIPTS["pytorch-template"] = dict(
+    build=pytorch_template, cmd="train.py -c rs_config.json",
+    every=20, counter=r"^Train Epoch: (\d+) \[(\d+)/", counter_desc="epoch, sample",
+    outputs=["saved/models"], rename=(r"\b\d{4}_\d{6}\b", "<run_id>"),  # ConfigParser's run id: the clock
 )

@@ -8,7 +8,12 @@ has activated on the same import), it:
 - keeps a strong reference to every module that runs forward, every optimizer that steps and every
   LR scheduler that steps (locals of main() would otherwise be gone at exit);
 - at exit, torch.save()s their state_dicts to RS_DUMP, plus the counters.
-Holding references keeps these objects alive until exit; nothing else in the run changes.
+Holding references keeps these objects alive until exit; nothing else in the run changes, except
+with RS_SEED set: then torch.manual_seed(RS_SEED) right after `import torch`, for scripts that seed
+nothing (the same in every run, so runs can be compared).
+
+Under torchrun the launcher (`python -m torch.distributed.run`) is left alone and each worker is
+instrumented, writing RS_DUMP as rs_dump.rank<R>.pt and RS_PROGRESS as rs_progress.rank<R>.
 """
 
 import atexit
@@ -47,6 +52,9 @@ def _install():
         state["calls"] += 1
         state["step"] = max(state["step"], counts[id(optimizer)])
         progress()
+
+    if os.environ.get("RS_SEED"):
+        torch.manual_seed(int(os.environ["RS_SEED"]))
 
     register_module_forward_pre_hook(on_forward)
     register_optimizer_step_post_hook(on_step)
@@ -127,6 +135,16 @@ class _AfterTorch:
         return spec
 
 
-if _DUMP and "torch" not in sys.modules and not os.environ.get("RS_CHILD"):
+def _launcher():
+    """This process is torchrun's launcher (its workers are instrumented, not it)."""
+    argv = getattr(sys, "orig_argv", [])
+    return "torch.distributed.run" in argv or any(os.path.basename(a) == "torchrun" for a in argv[:2])
+
+
+if _DUMP and "torch" not in sys.modules and not os.environ.get("RS_CHILD") and not _launcher():
+    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:  # a torchrun worker: one dump per rank
+        _rank = os.environ["RANK"]
+        _DUMP = f"{os.path.splitext(_DUMP)[0]}.rank{_rank}.pt"
+        _PROGRESS = _PROGRESS and f"{_PROGRESS}.rank{_rank}"
     os.environ["RS_CHILD"] = "1"  # DataLoader workers or other subprocesses: no instrumentation
     sys.meta_path.insert(0, _AfterTorch())
