@@ -45,8 +45,14 @@ def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[
             targets = None
             if site.kind == "for" and not (at == "header" and i == len(place.loops) - 1):
                 targets = frames.read_variables(f, frozenset(site.targets))
-                if len(targets) != len(site.targets) or not all(map(_comparable, targets.values())):
+                shift = place.shifts[i] if i < len(place.shifts) else {}
+                if (shift is None or len(targets) != len(site.targets)
+                        or not all(map(_comparable, targets.values()))):
                     return None, []
+                for name, added in shift.items():
+                    targets[name] = _unshift(targets[name], added)
+                    if targets[name] is None:
+                        return None, []
             loops.append({"line": site.line, "body": site.body, "kind": site.kind, "targets": targets})
         carried = place.live | _method_stores(f, place)
         recorded.append({"code": frames.code_key(code), "file": _file_key(code.co_filename),
@@ -55,6 +61,17 @@ def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[
     if not any(r["loops"] for r in recorded):
         return None, []
     return {"mode": mode, "frames": recorded}, unsaved
+
+
+def _unshift(value: Any, shift: float) -> Any:
+    """The item a ``for`` drew, from its variable's value now and what the body added to it
+    since (:attr:`.source.Place.shifts`); None where that cannot be undone exactly."""
+    if not shift:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    item = value - shift
+    return int(item) if isinstance(value, int) and float(shift).is_integer() else item
 
 
 def _method_stores(frame: FrameType, place: source.Place) -> frozenset[str]:
@@ -171,15 +188,18 @@ def capture_after(last: dict[str, Any], filename: str, wanted: str | list[str]) 
     interpreter has removed ``__main__.__file__`` by exit). Taken at exit, when no frame of
     the script is left: the way past may need no variable of a function, and what it needs
     of the main module (its globals, attributes of its objects) must be saveable. The
-    innermost frame of ``last`` that qualifies is used, from the loop's own frame (skip the
-    loop) out to the main module (skip the call that ran it; past the module's last
+    innermost frame of ``last`` that qualifies is used, from the frame of the outermost loop
+    (skip that loop) out to the main module (skip the call that ran it; past the module's last
     statement, the rerun ends there). None where none qualifies (:func:`.source.after`)."""
     main = sys.modules.get("__main__")
     records = last["frames"]
-    if main is None or not any(r["loops"] for r in records):
+    outermost = next((i for i, r in enumerate(records) if r["loops"]), None)
+    if main is None or outermost is None:
         return None
     scope = vars(main)
-    for index in range(len(records) - 1, -1, -1):
+    # a frame below the outermost loop's runs once per iteration of it: skipping a loop there
+    # would leave the outer loop to train again
+    for index in range(outermost, -1, -1):
         record = records[index]
         _, name, first = record["code"].rsplit(":", 2)
         line = record["loops"][0]["line"] if record["loops"] else record["line"]

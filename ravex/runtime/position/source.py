@@ -52,6 +52,10 @@ class Place:
     exact: bool  #: False where a block the analysis cannot place encloses the line
     #: everything that may be read after this point (``obj.*``: any attribute of ``obj``)
     reads: frozenset[str] = frozenset()
+    #: per loop: what the body has added to its ``for`` variables by this point (``epoch += 1``
+    #: at the top of the body: ``{"epoch": 1}``), so the item drawn is the value less that;
+    #: None where the body rebinds them otherwise (the item cannot be told)
+    shifts: tuple[dict[str, float] | None, ...] = ()
 
 
 def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Place | None:
@@ -94,9 +98,39 @@ def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Pl
     sites = tuple(_site(loop) for loop in loops)
     exact = not any(c.block in ("handler", "finally") for c in chain)
     bound = {n for s in sites for n in s.targets}
+    shifts = tuple(_shift(chain, loop, started=not (mode == "head" and loop is loops[-1])) for loop in loops)
     return Place(sites, tuple(("for" if isinstance(b, (ast.For, ast.AsyncFor)) else "with", b.lineno)
                               for b in stacked),
-                 frozenset((carried(live, _stores(loops[0]) | declared) | declared) - bound), exact, live)
+                 frozenset((carried(live, _stores(loops[0]) | declared) | declared) - bound), exact, live,
+                 shifts)
+
+
+def _shift(chain: list[_Link], loop: ast.stmt, started: bool) -> dict[str, float] | None:
+    """What the statements of ``loop``'s body before the chain's point add to its ``for``
+    variables: constants added or taken by ``name += c`` / ``name -= c`` at the top of the
+    body (minGPT-ddp's ``epoch += 1``); None where they rebind them in any other way.
+    ``started``: the statement holding the point has begun (a call in it is running)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return {}
+    names = set(_names(loop.target))
+    link = next((c for c in chain if c.owner is loop and c.block == "body"), None)
+    if link is None:
+        return {}
+    shift: dict[str, float] = {}
+    for stmt in link.stmts[:link.index]:
+        hit = names & _stores(stmt)
+        if not hit:
+            continue
+        if not (isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(stmt.op, (ast.Add, ast.Sub)) and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, (int, float)) and not isinstance(stmt.value.value, bool)):
+            return None
+        step = float(stmt.value.value) * (1 if isinstance(stmt.op, ast.Add) else -1)
+        shift[stmt.target.id] = shift.get(stmt.target.id, 0.0) + step
+    current = link.stmts[link.index]
+    if started and names & _stores(current) and any(_blocks(current)):
+        return None  # a compound statement may have rebound them before the point
+    return shift
 
 
 def after(filename: str, name: str, first_line: int, line: int) -> After | None:

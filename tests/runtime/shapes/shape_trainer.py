@@ -86,3 +86,41 @@ class EpochTrainer:
             self.sched.step()
             self.evaluate()
             self.epoch += 1
+
+
+class SnapshotTrainer:
+    """pytorch/examples' minGPT-ddp shape: ``for epoch in range(self.epochs_run, ...)`` whose
+    body first does ``epoch += 1`` (the variable is not the item any more), an epoch method
+    drawing a shuffled DataLoader through ``enumerate``, and the script's own snapshot of the
+    finished epochs, which it loads itself when it starts."""
+
+    def __init__(self, model, dataset, max_epochs, snapshot="snapshot.pt"):
+        self.model, self.max_epochs, self.snapshot = model, max_epochs, snapshot
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        self.loader = DataLoader(dataset, batch_size=4, shuffle=True)
+        self.epochs_run = 0
+        try:
+            saved = torch.load(snapshot, weights_only=True)
+        except FileNotFoundError:
+            return
+        model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.epochs_run = saved["epoch"]
+
+    def _run_epoch(self, epoch):
+        for i, (x, y) in enumerate(self.loader):
+            logits = self.model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            say(f"STEP {epoch} {i} {loss.item().hex()}")
+            done_step()
+
+    def train(self):
+        for epoch in range(self.epochs_run, self.max_epochs):
+            epoch += 1
+            self._run_epoch(epoch)
+            if epoch % 2 == 0:
+                torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                            "epoch": epoch}, self.snapshot)
