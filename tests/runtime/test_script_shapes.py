@@ -49,6 +49,7 @@ CASES = {
     "class-trainer": (Shape("class_trainer.py", 34, 5), 4),
     "class-epochs": (Shape("class_epochs.py", 30, 4, at_epoch_end=25), 4),
     "class-snapshot": (Shape("class_snapshot.py", 48, 5, per_epoch=12, at_epoch_end=25), 4),
+    "try-epochs": (Shape("try_epochs.py", 20, 3, at_epoch_end=10), 3),
 }
 
 
@@ -166,7 +167,7 @@ def test_loop_over_prepared_batches_is_told_once_then_exact_with_ravex_loop(tmp_
             harness.assert_same_state(torch.load(cwd / "final.pt", weights_only=False), ref_state)
 
 
-@pytest.mark.parametrize("name", ["while-globals", "epochs-in-function", "class-snapshot"])
+@pytest.mark.parametrize("name", ["while-globals", "epochs-in-function", "class-snapshot", "try-epochs"])
 def test_rerun_of_a_finished_run_trains_nothing_again(name, tmp_path, reference):
     """A run that ended normally, rerun unchanged: its exit checkpoint recorded the line after
     the training loop, so the rerun skips the loop, restores there and runs only what

@@ -155,6 +155,9 @@ class Reentry:
         iterator = frames.loop_iterator(frame, place.stacked, site.line)
         if iterator is None:
             raise LookupError("this interpreter's frame does not hold the loop's iterator where expected")
+        if _skip_range(iterator, site.targets, wanted, loop["line"]):
+            frames.write_variables(frame, wanted)
+            return True
         for _ in range(_MAX_DRAW):
             try:
                 item = next(iterator)
@@ -192,6 +195,23 @@ class Reentry:
     def live_frames(self, frame: FrameType | None) -> list[FrameType]:
         """The running frames matching the recorded ones, outermost first."""
         return live_frames(self.script, frame)
+
+
+def _skip_range(iterator: Any, targets: tuple[str, ...], wanted: dict[str, Any], line: int) -> bool:
+    """A ``for`` over a ``range``: move its iterator just past the recorded item without
+    drawing the items between, or, where the range does not hold it (the script's own resume
+    started the loop past it), leave the iterator as it is and say so: the loop then runs
+    from where this run's range starts, never skipped to its end. False for other iterators."""
+    if type(iterator).__name__ != "range_iterator" or len(targets) != 1:
+        return False
+    _, (span,), index = iterator.__reduce__()
+    value = wanted.get(targets[0])
+    rest = span[index:]
+    if isinstance(value, bool) or not isinstance(value, int) or value not in rest:
+        raise LookupError(f"the loop at line {line} runs over {rest}, which does not hold "
+                          f"{_show(wanted)} (the script started it elsewhere itself)")
+    iterator.__setstate__(index + rest.index(value) + 1)
+    return True
 
 
 def _show(values: dict[str, Any]) -> str:

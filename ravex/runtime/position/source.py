@@ -137,7 +137,8 @@ def after(filename: str, name: str, first_line: int, line: int) -> After | None:
     """A finished run's way past its training in the code object ``name`` starting at
     ``first_line``: the statement to skip (the outermost loop around ``line``, or where no
     loop holds it, the statement holding ``line``: the call that ran the loop), the line
-    control goes to next (through the end of an ``if``; None at the end of the module), and
+    control goes to next (through the end of an ``if``, or of a ``try`` body with handlers
+    only, as word_language_model's ``try: for epoch ...``; None at the end of the module), and
     what the skipped statement assigns that the code after it reads (it must come back from
     the checkpoint). None where there is no such way: the statement is the last of a
     function, or sits in an exception handler."""
@@ -155,8 +156,10 @@ def after(filename: str, name: str, first_line: int, line: int) -> After | None:
     while index >= len(chain[level].stmts):
         if level == 0:
             return After(stmt.lineno, None, declared, None) if isinstance(scope, ast.Module) else None
-        if not isinstance(chain[level].owner, ast.If):
-            return None
+        owner = chain[level].owner
+        if not (isinstance(owner, ast.If) or (isinstance(owner, ast.Try) and chain[level].block == "body"
+                                               and not owner.orelse and not owner.finalbody)):
+            return None  # falling off this block runs code of its own (an else, a finally, __exit__)
         level -= 1
         index = chain[level].index + 1
     live = _Liveness(chain).before_block(level, index)

@@ -92,7 +92,8 @@ class SnapshotTrainer:
     """pytorch/examples' minGPT-ddp shape: ``for epoch in range(self.epochs_run, ...)`` whose
     body first does ``epoch += 1`` (the variable is not the item any more), an epoch method
     drawing a shuffled DataLoader through ``enumerate``, and the script's own snapshot of the
-    finished epochs, which it loads itself when it starts."""
+    finished training, which it loads itself when it starts (a snapshot of its own newer than
+    Ravex's newest checkpoint moves the loop past the recorded position: not this shape)."""
 
     def __init__(self, model, dataset, max_epochs, snapshot="snapshot.pt"):
         self.model, self.max_epochs, self.snapshot = model, max_epochs, snapshot
@@ -121,6 +122,6 @@ class SnapshotTrainer:
         for epoch in range(self.epochs_run, self.max_epochs):
             epoch += 1
             self._run_epoch(epoch)
-            if epoch % 2 == 0:
+            if epoch == self.max_epochs:
                 torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                             "epoch": epoch}, self.snapshot)
