@@ -4,6 +4,12 @@
     ...                   callbacks=[ModelCheckpoint(dirpath="ckpts", save_last=True, every_n_train_steps=50)])
     >>> trainer.fit(model, loader, ckpt_path="last")
 
+Either Lightning works: ``lightning`` (``lightning.pytorch``) and the standalone
+``pytorch_lightning`` are separate copies of the same code, each checking its own classes, so this
+module names neither in its classes: the plugin is registered as a ``CheckpointIO`` of each
+Lightning imported (an ABC registration), and the zero-code callback is made, once per package,
+from that package's ``Callback``.
+
 **What a save writes.** Lightning's whole checkpoint dict (weights, optimizer and scheduler
 states, the loops' progress, callbacks' states, hyper-parameters) becomes one Ravex step of the
 store at ``url``: tensors as arrays under their keys (``state_dict/net.0.weight``,
@@ -39,22 +45,27 @@ callback also makes the resume exact where Lightning's checkpoint alone is not: 
 streams and the train loader's place in its epoch, so a plain shuffled DataLoader resumes mid-epoch
 on the same order.
 
-Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (the ``lightning`` package; the
-standalone ``pytorch_lightning`` has CheckpointIO classes of its own).
+Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (``lightning``, which brings
+``pytorch_lightning``; either one alone is enough).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import json
 import math
 import os
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
+
+from torch.utils.data import DataLoader
 
 from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
 from ravex.format.storage.atomic import atomic_write, unlink_quietly
@@ -64,15 +75,11 @@ POINTER_FORMAT = 1
 
 Replace = Callable[[Any, str, Callable[[Any], Any]], None]
 
-try:
-    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-    from lightning.pytorch.callbacks import Callback
-    from torch.utils.data import DataLoader
-except ImportError as exc:
-    raise ImportError(f"ravex.integrations.lightning needs PyTorch Lightning: pip install '{EXTRA}'") from exc
+#: each way Lightning is imported (the package its Trainer comes from) -> its fabric package
+PACKAGES: dict[str, str] = {"lightning.pytorch": "lightning.fabric", "pytorch_lightning": "lightning_fabric"}
 
 
-class RavexCheckpointIO(CheckpointIO):
+class RavexCheckpointIO:
     """Lightning's checkpoints as steps of the Ravex store at ``url`` (a path or fsspec URL)."""
 
     def __init__(self, url: str | os.PathLike[str], compression: str = "none",
@@ -80,7 +87,7 @@ class RavexCheckpointIO(CheckpointIO):
                  max_queued: int = 2) -> None:
         if max_queued < 1:
             raise ValueError(f"RavexCheckpointIO: max_queued={max_queued}; it must be 1 or more")
-        super().__init__()
+        _register()  # a Lightning imported after this module: its CheckpointIO knows the plugin too
         self.url = os.fspath(url)
         self.compression = compression
         self.storage_options = storage_options
@@ -206,6 +213,21 @@ class RavexCheckpointIO(CheckpointIO):
             self._open().delete_step(step)
 
 
+_REGISTERED: set[type] = set()
+
+
+def _register() -> None:
+    """Make :class:`RavexCheckpointIO` an instance, for ``isinstance``, of the ``CheckpointIO`` of
+    each Lightning imported so far (``lightning.fabric``'s, ``lightning_fabric``'s): Lightning
+    checks a plugin against its own copy of the class."""
+    for fabric in PACKAGES.values():
+        module = sys.modules.get(f"{fabric}.plugins.io.checkpoint_io")
+        base = getattr(module, "CheckpointIO", None)
+        if base is not None and base not in _REGISTERED:
+            base.register(RavexCheckpointIO)
+            _REGISTERED.add(base)
+
+
 def to_tree(checkpoint: Any, copy: bool = False) -> Any:
     """Lightning's dict with every tensor as a numpy array on CPU (dtype kept); ``copy``: a copy
     even of a CPU tensor, for a write that runs after the caller goes on."""
@@ -305,9 +327,31 @@ class LightningRuntime(Protocol):
     def hand_over(self, why: str) -> None: ...
 
 
-def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace) -> None:
-    """Every ``lightning.Trainer`` created from now on checkpoints into the Ravex store and resumes
-    from it (``replace`` records the undo).
+@dataclasses.dataclass(frozen=True)
+class _Lightning:
+    """The classes of the one Lightning package a Trainer comes from: ``lightning.pytorch`` and
+    ``pytorch_lightning`` are separate copies, and a Trainer of one checks for its own."""
+
+    trainer: type
+    torch_io: type  #: its fabric's ``TorchCheckpointIO``, the default a Trainer gets
+    cadence: type  #: :class:`_EveryN` as a ``Callback`` of this package
+
+
+@functools.cache
+def _package(name: str) -> _Lightning:
+    """``name`` (a key of :data:`PACKAGES`), imported: its Trainer has finished importing by now."""
+    trainer = importlib.import_module(f"{name}.trainer.trainer").Trainer
+    callback = importlib.import_module(f"{name}.callbacks").Callback
+    torch_io = importlib.import_module(f"{PACKAGES[name]}.plugins.io.torch_io").TorchCheckpointIO
+    _register()
+    cadence = type("_EveryN", (_EveryN, callback), {"__module__": __name__, "__qualname__": "_EveryN"})
+    return _Lightning(trainer, torch_io, cadence)
+
+
+def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace,
+            package: str = "lightning.pytorch") -> None:
+    """Every Trainer of ``package`` (``lightning.pytorch`` or ``pytorch_lightning``) created from now
+    on checkpoints into the Ravex store and resumes from it (``replace`` records the undo).
 
     A Trainer with the default ``TorchCheckpointIO`` gets a :class:`RavexCheckpointIO` on the
     configured store, a callback saving every ``checkpoint_every`` global steps (and at the end of
@@ -316,29 +360,28 @@ def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace) -> 
     the script's own keeps it. Either way the runtime's own checkpoints and restores stand down
     (:meth:`LightningRuntime.hand_over`): Lightning's checkpoint is the whole state, and two
     restores would fight."""
-    from lightning.pytorch.trainer import trainer as trainer_module
+    lightning = _package(package)
 
     def make(original: Any) -> Any:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            _take_over(runtime, settings, self)
+            _take_over(runtime, settings, self, lightning)
 
         return __init__
 
-    replace(trainer_module.Trainer, "__init__", make)
-    replace(DataLoader, "__iter__", _loader_iter)
+    replace(lightning.trainer, "__init__", make)
+    if not getattr(DataLoader.__iter__, _PATCHED, False):  # both packages imported: one patch serves both
+        replace(DataLoader, "__iter__", _loader_iter)
 
 
-def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any) -> None:
-    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
+def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, lightning: _Lightning) -> None:
     current = trainer.strategy.checkpoint_io
-    if type(current) is not TorchCheckpointIO:
+    if type(current) is not lightning.torch_io:
         runtime.hand_over(f"a Lightning Trainer with its own {type(current).__name__} saves and resumes this run")
         return
     io = RavexCheckpointIO(settings.url, compression=settings.compression, storage_options=settings.storage_options)
     trainer.strategy.checkpoint_io = io
-    trainer.callbacks.append(_EveryN(settings))
+    trainer.callbacks.append(lightning.cadence(settings))
     resume = _resume_step(io, settings)
     where = f"; resuming from step {resume}" if resume is not None else ""
     runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{where}")
@@ -366,9 +409,10 @@ def _resume_step(io: RavexCheckpointIO, settings: ZeroCode) -> int | None:
     return None
 
 
-class _EveryN(Callback):
+class _EveryN:
     """Saves every ``checkpoint_every`` global steps (and at the end of ``fit``) to a pointer file
-    per step in ``settings.pointers``, keeping the newest ``keep_last`` of them.
+    per step in ``settings.pointers``, keeping the newest ``keep_last`` of them. (A ``Callback`` of
+    the Trainer's own package: :func:`_package` makes one from this class.)
 
     What Lightning's checkpoint lacks for an exact resume travels in this callback's state (so
     in every checkpoint of the Trainer, ``ModelCheckpoint``'s too): the RNG streams (torch,
@@ -379,12 +423,17 @@ class _EveryN(Callback):
     streams are put back as they were at the checkpoint."""
 
     def __init__(self, settings: ZeroCode) -> None:
+        super().__init__()
         self.settings = settings
         self.last_step: int | None = None
         self.trainer: Any = None
         self.epoch_rng: Any = None  # torch's RNG when the train loader's current epoch began
         self.pending: dict[str, Any] | None = None  # the resumed position, until the loader's next epoch
         _RESUMABLE.add(self)
+
+    @property
+    def state_key(self) -> str:
+        return "_EveryN"
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self.trainer = trainer
@@ -463,6 +512,8 @@ _POINTER = re.compile(r"step=(\d+)\.ckpt")
 
 #: the zero-code callbacks alive, each watching its Trainer's train loader
 _RESUMABLE: weakref.WeakSet[_EveryN] = weakref.WeakSet()
+#: marks the DataLoader.__iter__ patch, so that a second Lightning package does not wrap it again
+_PATCHED = "_ravex_lightning"
 
 
 def _loader_iter(original: Any) -> Any:
@@ -472,6 +523,7 @@ def _loader_iter(original: Any) -> Any:
                 return callback.iterate(self, original)
         return original(self)
 
+    setattr(__iter__, _PATCHED, True)
     return __iter__
 
 
@@ -519,3 +571,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _import_lightning() -> None:
+    """At import, after every name above exists (a Lightning imported here may run
+    :mod:`ravex.runtime.frameworks`' installer, which uses this module): the Lightning a script
+    imported, or else one that is installed; none is the one-line error naming the extra."""
+    if not any(f"{fabric}.plugins.io.checkpoint_io" in sys.modules for fabric in PACKAGES.values()):
+        for fabric in PACKAGES.values():
+            try:
+                importlib.import_module(f"{fabric}.plugins.io.checkpoint_io")
+                break
+            except ImportError:
+                continue
+        else:
+            raise ImportError(f"ravex.integrations.lightning needs PyTorch Lightning: pip install '{EXTRA}'")
+    _register()
+
+
+_import_lightning()

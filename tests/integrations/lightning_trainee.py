@@ -7,18 +7,23 @@ after every training batch, ``<step>`` being the global step of the checkpoint `
 ``STATS <new chunks> <reused chunks>`` of every save this run wrote, and the final weights to
 ``$T_OUT``. ``T_MODE``: ``async`` (default, the plugin's background writes), ``sync``, ``plain``
 (no plugin, no checkpoints: the reference run) or ``zero`` (no Ravex in the code, Lightning's
-defaults: run under ``ravex enable``).
+defaults: run under ``ravex enable``). ``T_PKG=pytorch_lightning``: the standalone package instead
+of ``lightning``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
 
-import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+
+PKG = os.environ.get("T_PKG", "lightning")
+L = importlib.import_module("pytorch_lightning" if PKG == "pytorch_lightning" else "lightning")
+ModelCheckpoint = importlib.import_module(
+    "pytorch_lightning.callbacks" if PKG == "pytorch_lightning" else "lightning.pytorch.callbacks").ModelCheckpoint
 
 SAMPLES, BATCH, EPOCHS, EVERY = 64, 4, 3, 4  # 16 steps per epoch, 48 in all
 MODE = os.environ.get("T_MODE", "async")

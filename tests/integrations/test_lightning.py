@@ -3,7 +3,8 @@
 ``ckpt_path="last"``) SIGKILLed at a random step and rerun unchanged ends bitwise equal to the
 same script run once without any checkpointing; every save after the first reuses the chunks of
 the frozen layer; the checkpoint files are Ravex pointers that load without pickle. And the same
-script with no Ravex in it and Lightning's defaults, under ``ravex enable``: the same."""
+script with no Ravex in it and Lightning's defaults, under ``ravex enable``, imported as
+``lightning`` or as ``pytorch_lightning``: the same."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ravex.format import open_store
 TRAINEE = Path(__file__).with_name("lightning_trainee.py")
 STEPS, EVERY = 48, 4
 ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
+PACKAGES = ["lightning", "pytorch_lightning"]
 
 
 def _reference(cwd: Path, **extra: str) -> dict:
@@ -89,8 +91,11 @@ def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted):
     harness.assert_same_state(final["model"], uninterrupted["model"], "model")
 
 
-def test_checkpoint_is_a_ravex_step_read_without_pickle(tmp_path):
-    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="sync", **ENV)
+@pytest.mark.parametrize("package", PACKAGES)
+def test_checkpoint_is_a_ravex_step_read_without_pickle(tmp_path, package):
+    """The plugin in ``Trainer(plugins=[...])`` of either Lightning (each checks it against its own
+    ``CheckpointIO``)."""
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="sync", T_PKG=package, **ENV)
     result = harness.run([sys.executable, str(TRAINEE)], tmp_path, env)
     assert result.returncode == 0, result.explain()
     pointer = json.loads((tmp_path / "ckpts" / "last.ckpt").read_text())
@@ -135,13 +140,16 @@ def enabled(tmp_path_factory) -> str:
     return make_venv(tmp_path_factory.mktemp("lightning-venv"))
 
 
-def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_plain_loader, enabled):
+@pytest.mark.parametrize("package", PACKAGES)
+def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_plain_loader, enabled, package):
     """No plugin, no ModelCheckpoint, no ckpt_path in the script, a plain shuffled DataLoader that
-    Lightning alone cannot resume mid-epoch: ``ravex.yaml``'s cadence, and the rerun exact."""
+    Lightning alone cannot resume mid-epoch: ``ravex.yaml``'s cadence, and the rerun exact. The
+    script imports ``lightning`` or the standalone ``pytorch_lightning``: one integration for both
+    (the reference is the ``lightning`` run: the two are the same code)."""
     seed = random.randrange(10**6)
     first = EVERY * harness.kill_points().randint(1, STEPS // EVERY - 2)  # mid-epoch or at an epoch's end
     (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 2\n")
-    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", **ENV)
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", T_PKG=package, **ENV)
     killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
     assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
 
