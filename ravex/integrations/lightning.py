@@ -41,9 +41,9 @@ pointer names. Pointer files live on a local path; the store may be remote.
 **Zero-code.** Under ``ravex enable`` (:mod:`ravex.runtime.frameworks`) :func:`install` gives each
 Trainer with Lightning's default CheckpointIO this plugin on ``<storage>-lightning``, a callback
 that saves every ``checkpoint_every`` global steps, and the newest step as its ``ckpt_path``. The
-callback also makes the resume exact where Lightning's checkpoint alone is not: it carries the RNG
-streams and the train loader's place in its epoch, so a plain shuffled DataLoader resumes mid-epoch
-on the same order.
+callback also makes the resume exact where Lightning's checkpoint alone is not: it carries each
+rank's RNG streams and the train loader's place in its epoch, so a plain shuffled DataLoader (or
+the DistributedSampler Lightning gives it under DDP) resumes mid-epoch on the same order.
 
 Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (``lightning``, which brings
 ``pytorch_lightning``; either one alone is enough).
@@ -415,12 +415,13 @@ class _EveryN:
     the Trainer's own package: :func:`_package` makes one from this class.)
 
     What Lightning's checkpoint lacks for an exact resume travels in this callback's state (so
-    in every checkpoint of the Trainer, ``ModelCheckpoint``'s too): the RNG streams (torch,
-    CUDA, Python, NumPy) when the checkpoint was taken, the torch RNG when the train loader's
+    in every checkpoint of the Trainer, ``ModelCheckpoint``'s too): each rank's RNG streams (torch,
+    CUDA, Python, NumPy) when the checkpoint was taken and its torch RNG when the train loader's
     epoch began, and the batches the loop had consumed of it. On resume the train loader's next
-    ``__iter__`` replays that epoch's start and skips those batches at the sampler (Lightning
-    itself would start a loader without ``state_dict`` on a new epoch's order), then the RNG
-    streams are put back as they were at the checkpoint."""
+    ``__iter__`` replays that epoch's start (the sampler at its epoch, as a ``DistributedSampler``)
+    and skips those batches at the sampler (Lightning itself would start a loader without
+    ``state_dict`` on a new epoch's order), then the RNG streams are put back as they were at the
+    checkpoint."""
 
     def __init__(self, settings: ZeroCode) -> None:
         super().__init__()
@@ -442,12 +443,16 @@ class _EveryN:
         trainer = self.trainer
         if trainer is None:
             return {}
-        return {"rng": _rng_state(), "epoch_rng": self.epoch_rng,
+        ranks = _every_rank({"rng": _rng_state(), "epoch_rng": self.epoch_rng})
+        return {"rng": [r["rng"] for r in ranks], "epoch_rng": [r["epoch_rng"] for r in ranks],
                 "consumed": int(trainer.fit_loop.epoch_loop.batch_progress.current.ready),
                 "batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else -1}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = dict(state) if state.get("rng") is not None else None
+
+    def _rank(self) -> int:
+        return int(getattr(self.trainer, "global_rank", 0) or 0)
 
     def owns(self, loader: Any) -> bool:
         """Whether ``loader`` is the train loader of this callback's Trainer."""
@@ -462,16 +467,21 @@ class _EveryN:
         if pending is None:
             self.epoch_rng = torch.get_rng_state()
             return original(loader)
+        rank = self._rank()
+        rng, epoch_rng = _of_rank(pending["rng"], rank), _of_rank(pending["epoch_rng"], rank)
         consumed, batches = int(pending["consumed"]), int(pending["batches"])
         if 0 < consumed and (batches < 0 or consumed < batches) and not _stateful(loader):
-            self.epoch_rng = pending["epoch_rng"]
-            torch.set_rng_state(self.epoch_rng)
+            # Lightning sets the sampler's epoch only after this iter() (FitLoop.setup_data, then
+            # on_advance_start): the skip below draws from the sampler now, so set it first.
+            _set_sampler_epoch(loader, self.trainer.fit_loop.epoch_progress.current.processed)
+            self.epoch_rng = epoch_rng
+            torch.set_rng_state(epoch_rng)
             iterator = original(loader)
             _skip(iterator, consumed)
-            _set_rng_state(pending["rng"])
+            _set_rng_state(rng)
             return iterator
-        _set_rng_state(pending["rng"])  # a new epoch begins (or the loader places itself)
-        self.epoch_rng = torch.get_rng_state() if consumed == 0 or consumed >= batches >= 0 else pending["epoch_rng"]
+        _set_rng_state(rng)  # a new epoch begins (or the loader places itself)
+        self.epoch_rng = torch.get_rng_state() if consumed == 0 or consumed >= batches >= 0 else epoch_rng
         return original(loader)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
@@ -525,6 +535,37 @@ def _loader_iter(original: Any) -> Any:
 
     setattr(__iter__, _PATCHED, True)
     return __iter__
+
+
+def _every_rank(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """``mine`` from every rank, in rank order (one process: ``[mine]``). Every rank builds a
+    checkpoint's dict (only rank 0 writes it), so each can hand in its own RNG streams."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return gathered
+
+
+def _of_rank(value: Any, rank: int) -> Any:
+    """This rank's entry of a per-rank list (rank 0's for a rank the saving run did not have; a
+    checkpoint written before per-rank states holds one value for all)."""
+    if isinstance(value, list):
+        return value[rank] if rank < len(value) else (value[0] if value else None)
+    return value
+
+
+def _set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """What Lightning does at each epoch's start: ``set_epoch`` on the loader's sampler and its
+    batch sampler's sampler, where they have one (a ``DistributedSampler`` shuffles by epoch)."""
+    samplers = {id(s): s for s in (getattr(loader, "sampler", None),
+                                   getattr(getattr(loader, "batch_sampler", None), "sampler", None)) if s is not None}
+    for sampler in samplers.values():
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
 
 
 def _stateful(loader: Any) -> bool:

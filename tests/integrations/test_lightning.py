@@ -4,7 +4,8 @@
 same script run once without any checkpointing; every save after the first reuses the chunks of
 the frozen layer; the checkpoint files are Ravex pointers that load without pickle. And the same
 script with no Ravex in it and Lightning's defaults, under ``ravex enable``, imported as
-``lightning`` or as ``pytorch_lightning``: the same."""
+``lightning`` or as ``pytorch_lightning``: the same; and with DDP on two processes killed in a
+later epoch: the same batches as the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from runtime.conftest import make_venv
 from ravex.format import open_store
 
 TRAINEE = Path(__file__).with_name("lightning_trainee.py")
-STEPS, EVERY = 48, 4
+STEPS, EVERY, EPOCHS = 48, 4, 3
 ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
 PACKAGES = ["lightning", "pytorch_lightning"]
 
@@ -53,9 +54,15 @@ def uninterrupted_plain_loader(tmp_path_factory) -> dict:
     return _reference(tmp_path_factory.mktemp("lightning-reference-plain"), T_LOADER="plain")
 
 
-def _written_at_least(step: int) -> str:
-    """A ``STEP`` line whose newest durable checkpoint is at global step ``step`` or later."""
-    return rf"STEP \d+ W(?:{'|'.join(str(s) for s in range(step, STEPS + 1, EVERY))})$"
+def _written_at_least(step: int, points: list[int] | None = None) -> str:
+    """A ``STEP`` line whose newest durable checkpoint is at global step ``step`` or later, of
+    ``points`` (every ``EVERY`` steps when None)."""
+    points = list(range(EVERY, STEPS + 1, EVERY)) if points is None else points
+    return rf"STEP \d+ W(?:{'|'.join(str(s) for s in points if s >= step)})$"
+
+
+def _starts(result: harness.Result) -> int:
+    return int(next(line for line in result.stdout if line.startswith("START ")).split()[1])
 
 
 def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted):
@@ -171,6 +178,41 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert newest["global_step"] == STEPS and "loops" in newest
     pointers = sorted((tmp_path / ".ravex").glob("lightning-*/step=*.ckpt"))
     assert [p.name for p in pointers] == [f"step={STEPS - EVERY}.ckpt", f"step={STEPS}.ckpt"]
+
+
+@pytest.mark.slow
+def test_ddp_killed_in_a_later_epoch_resumes_the_same_batches_bitwise(tmp_path, enabled):
+    """``devices=2, strategy="ddp"`` on CPU (gloo): Lightning gives the shuffled loader a
+    ``DistributedSampler``, whose order is its epoch's. Killed (every process at once) in epoch 1
+    or 2, the rerun draws on each rank the batches the uninterrupted run drew, each rank's dropout
+    RNG goes on as it was, and the weights end bitwise equal."""
+    steps, per_epoch = STEPS // 2, STEPS // EPOCHS // 2  # each rank half the samples
+    points = list(range(EVERY, steps + 1, EVERY))
+    common = {"T_LOADER": "plain", "T_DEVICES": "2", **ENV}
+    (tmp_path / "reference").mkdir()
+    reference = harness.run([sys.executable, str(TRAINEE)], tmp_path / "reference", harness.child_env(
+        T_OUT=str(tmp_path / "reference" / "final.pt"), T_MODE="plain", **common), tree=True)
+    assert reference.returncode == 0, reference.explain()
+    drawn = {tuple(line.split()[1:3]): line.split()[3] for line in reference.stdout if line.startswith("BATCH ")}
+    assert len(drawn) == 2 * steps, reference.explain()
+
+    first = harness.kill_points().choice([s for s in points if per_epoch < s < points[-2]])  # epoch 1 or 2
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", **common)
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first, points), tree=True)
+    assert killed.returncode == -9, f"checkpoint {first}: " + killed.explain()
+
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env, tree=True)
+    assert rerun.returncode == 0, rerun.explain()
+    start = _starts(rerun)
+    assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
+    resumed = {tuple(line.split()[1:3]): line.split()[3] for line in rerun.stdout if line.startswith("BATCH ")}
+    assert set(resumed) == {(str(r), str(s)) for r in (0, 1) for s in range(start + 1, steps + 1)}, rerun.explain()
+    assert {k: v for k, v in resumed.items() if drawn[k] != v} == {}, f"resumed from {start}: other batches drawn"
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["global_step"] == steps
+    expected = torch.load(tmp_path / "reference" / "final.pt", weights_only=True)
+    harness.assert_same_state(final["model"], expected["model"], "model")
 
 
 def test_a_failed_background_write_is_raised_by_flush_and_no_pointer_is_left(tmp_path):
