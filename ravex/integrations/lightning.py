@@ -6,7 +6,7 @@
 
 Either Lightning works: ``lightning`` (``lightning.pytorch``) and the standalone
 ``pytorch_lightning`` are separate copies of the same code, each checking its own classes, so this
-module names neither in its classes: the plugin is registered as a ``CheckpointIO`` of each
+module names neither in its classes: the plugins are registered as a ``CheckpointIO`` of each
 Lightning imported (an ABC registration), and the zero-code callback is made, once per package,
 from that package's ``Callback``.
 
@@ -16,9 +16,10 @@ store at ``url``: tensors as arrays under their keys (``state_dict/net.0.weight`
 ``optimizer_states/0/state/0/exp_avg``), everything else as typed JSON (int keys, tuples and
 floats kept exactly). A value typed JSON cannot hold (an object in ``hyper_parameters``) is
 refused, naming its key: nothing is pickled, and nothing is unpickled on load. Each save is the
-next step number. One writer serves every save, so each step is a delta on the one before:
-chunks that did not change (frozen weights, the second save of a step as ``last.ckpt``) are
-reused, not written again.
+next step number (or, ``numbering="global_step"``, the step of its global step). One writer serves
+every save, so each step is a delta on the one before: chunks that did not change (frozen weights,
+the second save of a step as ``last.ckpt``) are reused, not written again. ``loss``, when given,
+is read at each save and recorded as the step's training loss (``ravex ls`` shows it).
 
 **Async.** A save copies the tensors to CPU on the caller's thread (the training loop may change
 them right after) and returns; a background thread writes the step, then the pointer file. Saves
@@ -39,11 +40,14 @@ Lightning's own file logic keeps working: ``ckpt_path="last"`` finds the newest 
 pointer names. Pointer files live on a local path; the store may be remote.
 
 **Zero-code.** Under ``ravex enable`` (:mod:`ravex.runtime.frameworks`) :func:`install` gives each
-Trainer with Lightning's default CheckpointIO this plugin on ``<storage>-lightning``, a callback
-that saves every ``checkpoint_every`` global steps, and the newest step as its ``ckpt_path``. The
-callback also makes the resume exact where Lightning's checkpoint alone is not: it carries each
-rank's RNG streams and the train loader's place in its epoch, so a plain shuffled DataLoader (or
-the DistributedSampler Lightning gives it under DDP) resumes mid-epoch on the same order.
+Trainer with Lightning's default CheckpointIO a callback that saves every ``checkpoint_every``
+global steps into ``<storage>-lightning`` through this plugin, one step per global step, numbered
+by it and carrying the training loss, and the newest of them as its ``ckpt_path``. Every other save
+(``ModelCheckpoint``'s, the script's own ``trainer.save_checkpoint``) stays the file Lightning's
+own CheckpointIO writes (:class:`ZeroCodeIO`): the script's files are what they were without Ravex.
+The callback also makes the resume exact where Lightning's checkpoint alone is not: it carries
+each rank's RNG streams and the train loader's place in its epoch, so a plain shuffled DataLoader
+(or the DistributedSampler Lightning gives it under DDP) resumes mid-epoch on the same order.
 
 Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (``lightning``, which brings
 ``pytorch_lightning``; either one alone is enough).
@@ -55,6 +59,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import logging
 import math
 import os
 import re
@@ -69,33 +74,52 @@ from torch.utils.data import DataLoader
 
 from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
 from ravex.format.storage.atomic import atomic_write, unlink_quietly
+from ravex.format.timelines import MAIN, split_ref
 
 EXTRA = "ravex[lightning]"
 POINTER_FORMAT = 1
 
+logger = logging.getLogger("ravex")
+
 Replace = Callable[[Any, str, Callable[[Any], Any]], None]
+#: a step as a pointer names it: its number (a step of ``main``) or ``<timeline>@<number>``
+Ref = int | str
 
 #: each way Lightning is imported (the package its Trainer comes from) -> its fabric package
 PACKAGES: dict[str, str] = {"lightning.pytorch": "lightning.fabric", "pytorch_lightning": "lightning_fabric"}
 
 
 class RavexCheckpointIO:
-    """Lightning's checkpoints as steps of the Ravex store at ``url`` (a path or fsspec URL)."""
+    """Lightning's checkpoints as steps of the Ravex store at ``url`` (a path or fsspec URL).
+
+    ``numbering``: ``"next"``, each save the step after the newest; ``"global_step"``, each save
+    the step of its global step, for a caller that saves at most once per global step (the
+    zero-code cadence): a save at a step the store already holds is not written (a warning says
+    so). ``loss``: called at each save, on the caller's thread; its value is the step's
+    training loss (``metadata["loss"]``, spec §20)."""
 
     def __init__(self, url: str | os.PathLike[str], compression: str = "none",
                  storage_options: dict[str, Any] | None = None, async_writes: bool = True,
-                 max_queued: int = 2) -> None:
+                 max_queued: int = 2, numbering: str = "next",
+                 loss: Callable[[], float | None] | None = None) -> None:
         if max_queued < 1:
             raise ValueError(f"RavexCheckpointIO: max_queued={max_queued}; it must be 1 or more")
+        if numbering not in ("next", "global_step"):
+            raise ValueError(f"RavexCheckpointIO: numbering={numbering!r}; it must be 'next' or 'global_step'")
         _register()  # a Lightning imported after this module: its CheckpointIO knows the plugin too
         self.url = os.fspath(url)
         self.compression = compression
         self.storage_options = storage_options
         self.async_writes = async_writes
         self.max_queued = max_queued
+        self.numbering = numbering
+        self.loss = loss
         #: what each save's commit did, in order (new and reused chunks, bytes)
         self.stats: list[CommitStats] = []
-        self._store: CheckpointStore | None = None
+        self._store: CheckpointStore | None = None  # the store (its main timeline): what pointers name
+        self._view: CheckpointStore | None = None  # the timeline this plugin writes
+        self._timeline: str | None = None  # its name, when not main (zero-code: the current one)
+        self._fork_at: Ref | None = None  # a step to fork a new timeline from at the first write
         self._writer: StepWriter | None = None
         self._next_step: int | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -114,8 +138,9 @@ class RavexCheckpointIO:
         while len(self._saves) >= self.max_queued:
             wait([self._saves.pop(0)])
         self._raise_failed()
+        loss = self.loss() if self.loss is not None else None
         tree = to_tree(checkpoint, copy=self.async_writes)
-        done = self._run(lambda: self._write(tree, path))
+        done = self._run(lambda: self._write(tree, path, loss))
         if done is not None:
             self._saves.append(done)
 
@@ -182,20 +207,45 @@ class RavexCheckpointIO:
             self._store = open_store(self.url, create=True, storage_options=self.storage_options)
         return self._store
 
-    def _write(self, tree: Any, path: str) -> None:
-        store = self._open()
+    def _writing(self) -> CheckpointStore:
+        """The timeline the saves go to: ``main``, the one zero-code chose, or (first write of a
+        run resumed from an older step) a new one forked from that step, so that its steps never
+        collide with the steps after it (spec §19). Only a rank that writes forks."""
+        if self._view is None:
+            self._view = self._open() if self._timeline is None else self._open().on_timeline(self._timeline)
+        if self._fork_at is not None:
+            fork_at, self._fork_at = self._fork_at, None
+            owner, step = self._open().locate(fork_at)
+            self._view = owner.fork(step)
+            logger.info("ravex: step %s is not the newest of its timeline: this run's Lightning steps go to "
+                        "the new timeline %r of %s", fork_at, self._view.timeline.name, self.url)
+        return self._view
+
+    def _write(self, tree: Any, path: str, loss: float | None) -> None:
+        view = self._writing()
         if self._writer is None:
-            self._writer = store.writer(compression=self.compression)
-        if self._next_step is None:
-            self._next_step = max(store.step_numbers(), default=-1) + 1
-        step, self._next_step = self._next_step, self._next_step + 1
-        self.stats.append(self._writer.commit(step, tree, metadata={"lightning_path": os.path.basename(path)}))
+            self._writer = view.writer(compression=self.compression)
+        if self.numbering == "global_step":
+            step = int(tree["global_step"])
+            if view.step_info(step).complete:
+                logger.warning("ravex: %s already holds step %d (global step %d of an earlier run): this save "
+                               "is not written; a run that starts over needs a store of its own",
+                               self.url, step, step)
+                return
+        else:
+            if self._next_step is None:
+                self._next_step = max(view.step_numbers(), default=-1) + 1
+            step, self._next_step = self._next_step, self._next_step + 1
+        metadata = {"lightning_path": os.path.basename(path)}
+        if loss is not None:
+            metadata["loss"] = repr(loss)  # shortest round-trip text, as the runtime's steps (spec §20)
+        self.stats.append(self._writer.commit(step, tree, metadata=metadata))
         where = {k: v for k in ("epoch", "global_step") if isinstance(v := tree.get(k), int)}
         try:
-            replaced: tuple[str, int] | None = read_pointer(path)
+            replaced: tuple[str, Ref] | None = read_pointer(path)
         except (OSError, ValueError):
             replaced = None
-        write_pointer(path, self.url, step, where)
+        write_pointer(path, self.url, _ref(view, step), where)
         if replaced is not None:
             self._drop_unnamed(os.path.dirname(path) or ".", *replaced)
 
@@ -207,24 +257,76 @@ class RavexCheckpointIO:
         unlink_quietly(path)
         self._drop_unnamed(os.path.dirname(path) or ".", url, step)
 
-    def _drop_unnamed(self, directory: str, url: str, step: int) -> None:
-        """Delete ``step`` of this plugin's store unless a pointer in ``directory`` still names it."""
-        if url == _absolute(self.url) and not _still_named(directory, url, step):
-            self._open().delete_step(step)
+    def _drop_unnamed(self, directory: str, url: str, ref: Ref) -> None:
+        """Delete step ``ref`` unless a pointer in ``directory`` still names it: only a step of the
+        timeline this plugin writes (another timeline's steps are another run's history)."""
+        if url != _absolute(self.url) or _still_named(directory, url, ref):
+            return
+        name, number = _split(ref)
+        view = self._writing()
+        if name == view.timeline.name:
+            view.delete_step(number)
+
+
+class ZeroCodeIO:
+    """The CheckpointIO of a Trainer under ``ravex enable``: the cadence's saves (the pointer files
+    in ``folder``) go to the Ravex store through ``ravex``; every other save, load and removal
+    (``ModelCheckpoint``'s files, the script's ``trainer.save_checkpoint``) goes to Lightning's own
+    CheckpointIO ``own``, as without Ravex, and a pointer file, wherever it is, loads from the store.
+    So the store holds one step per global step, and what a script writes stays its own."""
+
+    def __init__(self, ravex: RavexCheckpointIO, own: Any, folder: str) -> None:
+        self.ravex = ravex
+        self.own = own
+        self.folder = os.path.abspath(folder)
+
+    @property
+    def stats(self) -> list[CommitStats]:
+        """What each of the cadence's saves wrote (:attr:`RavexCheckpointIO.stats`)."""
+        return self.ravex.stats
+
+    def _ours(self, path: Any) -> bool:
+        path = os.fspath(path)
+        return "://" not in path and os.path.dirname(os.path.abspath(path)) == self.folder
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if self._ours(path):
+            self.ravex.save_checkpoint(checkpoint, path, storage_options)
+        else:
+            self.own.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if _is_pointer(path):
+            return self.ravex.load_checkpoint(path, map_location, weights_only)
+        loaded: dict[str, Any] = self.own.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        return loaded
+
+    def remove_checkpoint(self, path: Any) -> None:
+        if self._ours(path):
+            self.ravex.remove_checkpoint(path)
+        else:
+            self.own.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        try:
+            self.ravex.teardown()
+        finally:
+            self.own.teardown()
 
 
 _REGISTERED: set[type] = set()
 
 
 def _register() -> None:
-    """Make :class:`RavexCheckpointIO` an instance, for ``isinstance``, of the ``CheckpointIO`` of
-    each Lightning imported so far (``lightning.fabric``'s, ``lightning_fabric``'s): Lightning
-    checks a plugin against its own copy of the class."""
+    """Make :class:`RavexCheckpointIO` and :class:`ZeroCodeIO` instances, for ``isinstance``, of
+    the ``CheckpointIO`` of each Lightning imported so far (``lightning.fabric``'s,
+    ``lightning_fabric``'s): Lightning checks a plugin against its own copy of the class."""
     for fabric in PACKAGES.values():
         module = sys.modules.get(f"{fabric}.plugins.io.checkpoint_io")
         base = getattr(module, "CheckpointIO", None)
         if base is not None and base not in _REGISTERED:
             base.register(RavexCheckpointIO)
+            base.register(ZeroCodeIO)
             _REGISTERED.add(base)
 
 
@@ -258,8 +360,9 @@ def from_tree(tree: Any, map_location: Any = None) -> Any:
     return tree_to_torch(tree, device)
 
 
-def write_pointer(path: str, url: str, step: int, where: dict[str, int] | None = None) -> None:
-    """The file Lightning sees at ``path``: which step of which store holds its checkpoint, and
+def write_pointer(path: str, url: str, step: Ref, where: dict[str, int] | None = None) -> None:
+    """The file Lightning sees at ``path``: which step of which store holds its checkpoint (its
+    number, or ``<timeline>@<number>`` for a step of another timeline than ``main``), and
     (``where``) Lightning's epoch and global step in it, for a person or a script to read."""
     directory = os.path.dirname(path)
     if directory:
@@ -268,19 +371,43 @@ def write_pointer(path: str, url: str, step: int, where: dict[str, int] | None =
     atomic_write(path, json.dumps(doc).encode() + b"\n")
 
 
-def read_pointer(path: str) -> tuple[str, int]:
+def read_pointer(path: str) -> tuple[str, Ref]:
     """The store URL and step a pointer file names; a one-line error for any other file."""
     with open(path, "rb") as f:
         head = f.read(4096)
     try:
         doc = json.loads(head)
-        return str(doc["store"]), int(doc["step"])
+        step = doc["step"]
+        return str(doc["store"]), step if isinstance(step, str) and "@" in step else int(step)
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"{path} is not a RavexCheckpointIO checkpoint (a torch.save file? load it without "
                          "the RavexCheckpointIO plugin)") from None
 
 
-def _still_named(directory: str, url: str, step: int) -> bool:
+def _is_pointer(path: Any) -> bool:
+    """Whether ``path`` is a local pointer file (a file Lightning's own CheckpointIO never wrote)."""
+    try:
+        read_pointer(_local(path))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _ref(view: CheckpointStore, step: int) -> Ref:
+    """How a pointer names ``step`` of the timeline ``view``: a bare number on ``main`` (as every
+    pointer written before timelines did)."""
+    return step if view.timeline.name == MAIN else f"{view.timeline.name}@{step}"
+
+
+def _split(ref: Ref) -> tuple[str, int]:
+    """A pointer's step as (timeline, number)."""
+    if isinstance(ref, int):
+        return MAIN, ref
+    name, text = split_ref(ref)
+    return name or MAIN, int(text)
+
+
+def _still_named(directory: str, url: str, step: Ref) -> bool:
     """Whether another pointer file in ``directory`` names the same step."""
     for name in os.listdir(directory):
         if name.endswith(".ckpt"):
@@ -304,6 +431,7 @@ def _absolute(url: str) -> str:
     return url if "://" in url else os.path.abspath(url)
 
 
+
 # ---- zero-code, under ``ravex enable`` ---------------------------------------------------------
 
 
@@ -321,8 +449,16 @@ class ZeroCode:
     storage_options: dict[str, Any] | None = None
 
 
+class TrainingLoss(Protocol):
+    def value(self) -> float | None: ...
+
+
 class LightningRuntime(Protocol):
     """What the zero-code integration asks of the runtime (:class:`ravex.runtime.lifecycle.RavexRuntime`)."""
+
+    @property
+    def last_loss(self) -> TrainingLoss:
+        """The loss ``backward()`` last ran on (the runtime keeps it, handed over or not)."""
 
     def hand_over(self, why: str) -> None: ...
 
@@ -353,13 +489,14 @@ def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace,
     """Every Trainer of ``package`` (``lightning.pytorch`` or ``pytorch_lightning``) created from now
     on checkpoints into the Ravex store and resumes from it (``replace`` records the undo).
 
-    A Trainer with the default ``TorchCheckpointIO`` gets a :class:`RavexCheckpointIO` on the
-    configured store, a callback saving every ``checkpoint_every`` global steps (and at the end of
-    ``fit``), and, when the store holds a step the plugin wrote, that step as its ``ckpt_path``:
-    Lightning's own restore puts back everything, loops included. A Trainer with a CheckpointIO of
-    the script's own keeps it. Either way the runtime's own checkpoints and restores stand down
-    (:meth:`LightningRuntime.hand_over`): Lightning's checkpoint is the whole state, and two
-    restores would fight."""
+    A Trainer with the default ``TorchCheckpointIO`` gets :class:`ZeroCodeIO` (a
+    :class:`RavexCheckpointIO` on the configured store for the cadence's saves, its own
+    ``TorchCheckpointIO`` for every other), a callback saving every ``checkpoint_every`` global
+    steps (and at the end of ``fit``), and, when the store holds a step the plugin wrote, that
+    step as its ``ckpt_path``: Lightning's own restore puts back everything, loops included. A
+    Trainer with a CheckpointIO of the script's own keeps it. Either way the runtime's own
+    checkpoints and restores stand down (:meth:`LightningRuntime.hand_over`): Lightning's
+    checkpoint is the whole state, and two restores would fight."""
     lightning = _package(package)
 
     def make(original: Any) -> Any:
@@ -379,10 +516,14 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, ligh
     if type(current) is not lightning.torch_io:
         runtime.hand_over(f"a Lightning Trainer with its own {type(current).__name__} saves and resumes this run")
         return
-    io = RavexCheckpointIO(settings.url, compression=settings.compression, storage_options=settings.storage_options)
-    trainer.strategy.checkpoint_io = io
-    trainer.callbacks.append(lightning.cadence(settings))
-    resume = _resume_step(io, settings)
+    io = RavexCheckpointIO(settings.url, compression=settings.compression, storage_options=settings.storage_options,
+                           numbering="global_step", loss=runtime.last_loss.value)
+    resume, timeline, newest = _resume_step(settings)
+    io._timeline = timeline
+    if resume is not None and not newest:
+        io._fork_at = resume  # the steps after it are another history: this run's go to a new timeline
+    trainer.strategy.checkpoint_io = ZeroCodeIO(io, current, settings.pointers)
+    trainer.callbacks.append(lightning.cadence(settings, io))
     where = f"; resuming from step {resume}" if resume is not None else ""
     runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{where}")
     if resume is not None and trainer.ckpt_path is None:
@@ -391,22 +532,32 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, ligh
         trainer.ckpt_path = path
 
 
-def _resume_step(io: RavexCheckpointIO, settings: ZeroCode) -> int | None:
-    """The step a rerun resumes from: the newest complete one the plugin wrote, or ``resume``'s."""
-    if settings.resume == "never":
-        return None
+def _resume_step(settings: ZeroCode) -> tuple[Ref | None, str | None, bool]:
+    """The step a rerun resumes from: the newest one the plugin wrote on the store's current
+    timeline (spec §19, the one a plain rerun continues), or ``resume``'s (``60``, ``exp@60``);
+    the timeline this run writes; and whether that step is the newest of its timeline (if not,
+    this run's steps go to a new timeline forked from it, at its first write)."""
     from ravex.format import StoreNotFoundError
 
     try:
         store = open_store(settings.url, storage_options=settings.storage_options)
     except StoreNotFoundError:
-        return None
-    if not isinstance(settings.resume, str):
-        return int(settings.resume)
-    for step in sorted(store.complete_steps(), reverse=True):
-        if "lightning_path" in store.manifest(step, 0).metadata:
-            return step
-    return None
+        return None, None, True
+    view = store.current()
+    if settings.resume == "never":
+        return None, view.timeline.name, True
+    if settings.resume == "auto":
+        for owner, step in reversed(view.lineage_steps()):
+            if "lightning_path" in owner.manifest(step, 0).metadata:
+                return _ref(owner, step), view.timeline.name, True
+        return None, view.timeline.name, True
+    name, text = split_ref(str(settings.resume))
+    if name is not None:
+        view = store.on_timeline(name)
+    history = view.lineage_steps()
+    owner, step = view.locate(text)
+    newest = bool(history) and (history[-1][0].timeline.name, history[-1][1]) == (owner.timeline.name, step)
+    return _ref(owner, step), view.timeline.name, newest
 
 
 class _EveryN:
@@ -423,9 +574,10 @@ class _EveryN:
     ``state_dict`` on a new epoch's order), then the RNG streams are put back as they were at the
     checkpoint."""
 
-    def __init__(self, settings: ZeroCode) -> None:
+    def __init__(self, settings: ZeroCode, io: RavexCheckpointIO) -> None:
         super().__init__()
         self.settings = settings
+        self.io = io
         self.last_step: int | None = None
         self.trainer: Any = None
         self.epoch_rng: Any = None  # torch's RNG when the train loader's current epoch began
@@ -493,10 +645,8 @@ class _EveryN:
     def on_train_end(self, trainer: Any, *args: Any) -> None:
         if self.settings.on_exit and trainer.global_step != self.last_step:
             self._save(trainer)
-        io = trainer.strategy.checkpoint_io
-        if isinstance(io, RavexCheckpointIO):
-            io.flush()  # every pointer on disk: the retention below sees them all
-            self._prune(trainer, None)
+        self.io.flush()  # every pointer on disk: the retention below sees them all
+        self._prune(trainer, None)
 
     def _save(self, trainer: Any) -> None:
         self.last_step = trainer.global_step
