@@ -47,7 +47,8 @@ by it and carrying the training loss, and the newest of them as its ``ckpt_path`
 own CheckpointIO writes (:class:`ZeroCodeIO`): the script's files are what they were without Ravex.
 The callback also makes the resume exact where Lightning's checkpoint alone is not: it carries
 each rank's RNG streams and the train loader's place in its epoch, so a plain shuffled DataLoader
-(or the DistributedSampler Lightning gives it under DDP) resumes mid-epoch on the same order.
+(or the DistributedSampler Lightning gives it under DDP) resumes mid-epoch on the same order, and
+a finished run rerun trains nothing and leaves the state as the first run left it.
 
 Needs the ``lightning`` extra: ``pip install 'ravex[lightning]'`` (``lightning``, which brings
 ``pytorch_lightning``; either one alone is enough).
@@ -357,7 +358,25 @@ def from_tree(tree: Any, map_location: Any = None) -> Any:
     from ravex.saving.load import tree_to_torch
 
     device = map_location if isinstance(map_location, (str, torch.device)) else None
-    return tree_to_torch(tree, device)
+    return _interned(tree_to_torch(tree, device))
+
+
+def _interned(tree: Any) -> Any:
+    """``tree`` with each string the interned one (``sys.intern``): the objects Lightning restores
+    from it keep these strings (an optimizer's state keys, a scheduler's ``__dict__``, a callback's
+    paths), and ``torch.save`` pickles a string seen before as a reference to it, by identity. As
+    in the run that saved them (keys are the code's own, interned, literals; a path assigned to
+    two attributes is one object), a script's ``trainer.save_checkpoint`` after a resume writes
+    the same bytes."""
+    if isinstance(tree, str):
+        return sys.intern(tree)
+    if isinstance(tree, dict):
+        return {_interned(k): _interned(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_interned(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_interned(v) for v in tree)
+    return tree
 
 
 def write_pointer(path: str, url: str, step: Ref, where: dict[str, int] | None = None) -> None:
@@ -565,23 +584,32 @@ class _EveryN:
     per step in ``settings.pointers``, keeping the newest ``keep_last`` of them. (A ``Callback`` of
     the Trainer's own package: :func:`_package` makes one from this class.)
 
+    A save due at an epoch's last batch waits for the first optimizer step of the next epoch (or
+    the end of ``fit``): resumed from an epoch's last batch, Lightning counts that epoch as done
+    without running its end (its hooks, its epoch-interval LR step). So the last step of a finished
+    run is the state ``fit`` ended with, and a rerun of it trains nothing.
+
     What Lightning's checkpoint lacks for an exact resume travels in this callback's state (so
     in every checkpoint of the Trainer, ``ModelCheckpoint``'s too): each rank's RNG streams (torch,
     CUDA, Python, NumPy) when the checkpoint was taken and its torch RNG when the train loader's
-    epoch began, and the batches the loop had consumed of it. On resume the train loader's next
-    ``__iter__`` replays that epoch's start (the sampler at its epoch, as a ``DistributedSampler``)
-    and skips those batches at the sampler (Lightning itself would start a loader without
-    ``state_dict`` on a new epoch's order), then the RNG streams are put back as they were at the
-    checkpoint."""
+    epoch began, the batches the loop had consumed of it, and ``should_stop`` (an early stop is not
+    in Lightning's checkpoint). On resume the train loader's next ``__iter__`` replays that epoch's
+    start (the sampler at its epoch, as a ``DistributedSampler``) and skips those batches at the
+    sampler (Lightning itself would start a loader without ``state_dict`` on a new epoch's order),
+    then the RNG streams are put back as they were at the checkpoint; a rerun that iterates nothing
+    (a finished run) gets them back at the end of ``fit``."""
 
     def __init__(self, settings: ZeroCode, io: RavexCheckpointIO) -> None:
         super().__init__()
         self.settings = settings
         self.io = io
-        self.last_step: int | None = None
+        self.last_step: int | None = None  # the global step of the last save (or of the step resumed)
+        self.seen: int | None = None  # the global step at the previous batch end
+        self.due = False  # a save is due at the next batch end that steps and ends no epoch
         self.trainer: Any = None
         self.epoch_rng: Any = None  # torch's RNG when the train loader's current epoch began
         self.pending: dict[str, Any] | None = None  # the resumed position, until the loader's next epoch
+        self.resumed: dict[str, Any] | None = None  # the state resumed, until a batch trains
         _RESUMABLE.add(self)
 
     @property
@@ -598,10 +626,19 @@ class _EveryN:
         ranks = _every_rank({"rng": _rng_state(), "epoch_rng": self.epoch_rng})
         return {"rng": [r["rng"] for r in ranks], "epoch_rng": [r["epoch_rng"] for r in ranks],
                 "consumed": int(trainer.fit_loop.epoch_loop.batch_progress.current.ready),
-                "batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else -1}
+                "batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else -1,
+                "global_step": int(trainer.global_step), "should_stop": bool(trainer.should_stop)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = dict(state) if state.get("rng") is not None else None
+        if state.get("rng") is None:
+            self.pending = self.resumed = None
+            return
+        self.pending, self.resumed = dict(state), dict(state)
+        self.epoch_rng = _of_rank(state.get("epoch_rng"), self._rank())
+        if isinstance(state.get("global_step"), int):
+            self.last_step = self.seen = state["global_step"]  # its save is done: not written again
+        if state.get("should_stop") and self.trainer is not None:
+            self.trainer.should_stop = True  # an early-stopped run stays stopped
 
     def _rank(self) -> int:
         return int(getattr(self.trainer, "global_rank", 0) or 0)
@@ -636,20 +673,38 @@ class _EveryN:
         self.epoch_rng = torch.get_rng_state() if consumed == 0 or consumed >= batches >= 0 else epoch_rng
         return original(loader)
 
+    def on_train_start(self, trainer: Any, *args: Any) -> None:
+        self.seen = trainer.global_step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        self.resumed = None
+
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        step = trainer.global_step
-        every = self.settings.every
-        if every and step % every == 0 and step != self.last_step:
+        step, every = trainer.global_step, self.settings.every
+        stepped, self.seen = step != self.seen, step  # an optimizer step ended this batch
+        if every and stepped and step % every == 0 and step != self.last_step:
+            self.due = True
+        if self.due and stepped and not _ends_epoch_or_fit(trainer):
             self._save(trainer)
 
     def on_train_end(self, trainer: Any, *args: Any) -> None:
-        if self.settings.on_exit and trainer.global_step != self.last_step:
+        if self.due or (self.settings.on_exit and trainer.global_step != self.last_step):
             self._save(trainer)
         self.io.flush()  # every pointer on disk: the retention below sees them all
         self._prune(trainer, None)
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """A resumed state no batch trained from (a finished run's rerun: Lightning still makes the
+        train loader's iterator, which draws its seed, then finds the loop done): its RNG streams
+        again, so that what the script does after ``fit`` sees those the first run ended with."""
+        resumed, self.resumed, self.pending = self.resumed, None, None
+        if resumed is not None:
+            rank = self._rank()
+            _set_rng_state(_of_rank(resumed["rng"], rank))
+            self.epoch_rng = _of_rank(resumed.get("epoch_rng"), rank)
+
     def _save(self, trainer: Any) -> None:
-        self.last_step = trainer.global_step
+        self.last_step, self.due = trainer.global_step, False
         name = f"step={trainer.global_step}.ckpt"
         trainer.save_checkpoint(os.path.join(self.settings.pointers, name))
         self._prune(trainer, name)
@@ -668,6 +723,14 @@ class _EveryN:
 
 
 _POINTER = re.compile(r"step=(\d+)\.ckpt")
+
+
+def _ends_epoch_or_fit(trainer: Any) -> bool:
+    """Whether the batch that just ended is its epoch's last, or the last of ``fit`` (``max_steps``)."""
+    if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        return True
+    max_steps = trainer.max_steps
+    return max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps
 
 
 #: the zero-code callbacks alive, each watching its Trainer's train loader
@@ -737,13 +800,17 @@ def _skip(iterator: Any, batches: int) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
+    """The RNG streams, as tensors and plain Python values only: this state is in every checkpoint
+    of the Trainer, ``ModelCheckpoint``'s ``torch.save`` files too, and those must still load with
+    ``torch.load(weights_only=True)`` (a numpy array would not)."""
     import random
 
     import numpy as np
     import torch
 
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": np.random.get_state(legacy=False)}
+    numpy = np.random.get_state(legacy=False)
+    numpy["state"] = {**numpy["state"], "key": [int(k) for k in numpy["state"]["key"]]}
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy}
     cuda: Any = torch.cuda
     if cuda.is_available() and cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -759,7 +826,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    np.random.set_state({**numpy, "state": {**numpy["state"], "key": np.asarray(numpy["state"]["key"], np.uint32)}})
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

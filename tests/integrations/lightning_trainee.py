@@ -13,7 +13,8 @@ defaults: run under ``ravex enable``).
 two CPU processes (gloo; Lightning gives the shuffled loader a ``DistributedSampler``), with
 dropout seeded differently on each rank; only rank 0 prints ``START``/``STEP``, every rank prints
 ``BATCH <rank> <global_step> <sample indices>``. Rank 0 prints ``LOSS <global_step> <loss>`` (the
-float's ``repr``).
+float's ``repr``). ``T_AFTER=1``: after ``fit`` the script also writes ``trainer.save_checkpoint``
+to ``after.ckpt``.
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ def main() -> None:
                         enable_model_summary=False, **options)  # type: ignore[arg-type]
     model = Net()
     trainer.fit(model, loader, ckpt_path="last" if io is not None else None)
+    if os.environ.get("T_AFTER"):
+        trainer.save_checkpoint("after.ckpt")
     if not trainer.is_global_zero:
         return
     if MODE == "zero":

@@ -5,8 +5,8 @@ same script run once without any checkpointing; every save after the first reuse
 the frozen layer; the checkpoint files are Ravex pointers that load without pickle. And the same
 script with no Ravex in it and Lightning's defaults, under ``ravex enable``, imported as
 ``lightning`` or as ``pytorch_lightning``: the same, its steps numbered by global step with their
-training loss; and with DDP on two processes killed in a later epoch: the same batches as the
-uninterrupted run."""
+training loss; with DDP on two processes killed in a later epoch: the same batches as the
+uninterrupted run; and a finished run rerun: nothing trained, the same files written after fit."""
 
 from __future__ import annotations
 
@@ -60,6 +60,13 @@ def _written_at_least(step: int, points: list[int] | None = None) -> str:
     ``points`` (every ``EVERY`` steps when None)."""
     points = list(range(EVERY, STEPS + 1, EVERY)) if points is None else points
     return rf"STEP \d+ W(?:{'|'.join(str(s) for s in points if s >= step)})$"
+
+
+def _cadence(steps: int, per_epoch: int) -> list[int]:
+    """The global steps the zero-code cadence saves at: each multiple of ``EVERY``, except that one
+    due at an epoch's last batch is taken at the next epoch's first step (the last step of ``fit``
+    at its end)."""
+    return [s if s == steps or s % per_epoch else s + 1 for s in range(EVERY, steps + 1, EVERY)]
 
 
 def _starts(result: harness.Result) -> int:
@@ -154,8 +161,8 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     Lightning alone cannot resume mid-epoch: ``ravex.yaml``'s cadence, and the rerun exact. The
     script imports ``lightning`` or the standalone ``pytorch_lightning``: one integration for both
     (the reference is the ``lightning`` run: the two are the same code)."""
-    points = list(range(EVERY, STEPS + 1, EVERY))
-    # mid-epoch or at an epoch's end; not the last few: a background write may be durable only
+    points = _cadence(STEPS, STEPS // EPOCHS)
+    # mid-epoch or an epoch's first step; not the last few: a background write may be durable only
     # after the script has ended
     first = harness.kill_points().choice(points[:-3])
     (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 2\n")
@@ -194,6 +201,30 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
         assert repr(row["loss"]) == losses[row["step"]], (row, losses[row["step"]])
 
 
+def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files(tmp_path, enabled):
+    """What the script writes after ``fit`` (``trainer.save_checkpoint``, ``torch.save`` of the
+    weights) is, byte for byte, what the first run wrote: the rerun resumes the state ``fit`` ended
+    with (the RNG streams included) and trains nothing. The file ``trainer.save_checkpoint`` wrote
+    is Lightning's own, loadable with ``weights_only=True`` as without Ravex."""
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", T_AFTER="1", **ENV)
+    first = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert first.returncode == 0, first.explain()
+    written = {name: (tmp_path / name).read_bytes() for name in ("final.pt", "after.ckpt")}
+    steps = open_store(tmp_path / "ckpt-lightning").step_numbers()
+    assert steps[-1] == STEPS, steps
+
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0, rerun.explain()
+    assert not [line for line in rerun.stdout if line.startswith(("START", "STEP"))], rerun.explain()
+    assert f"resuming from step {STEPS}" in rerun.stderr and "NOT restored" not in rerun.stderr, rerun.stderr
+    for name, data in written.items():
+        assert (tmp_path / name).read_bytes() == data, f"{name} differs from the first run's"
+    assert open_store(tmp_path / "ckpt-lightning").step_numbers() == steps
+    after = torch.load(tmp_path / "after.ckpt", weights_only=True)
+    assert after["global_step"] == STEPS
+
+
 @pytest.mark.slow
 def test_ddp_killed_in_a_later_epoch_resumes_the_same_batches_bitwise(tmp_path, enabled):
     """``devices=2, strategy="ddp"`` on CPU (gloo): Lightning gives the shuffled loader a
@@ -201,7 +232,7 @@ def test_ddp_killed_in_a_later_epoch_resumes_the_same_batches_bitwise(tmp_path, 
     or 2, the rerun draws on each rank the batches the uninterrupted run drew, each rank's dropout
     RNG goes on as it was, and the weights end bitwise equal."""
     steps, per_epoch = STEPS // 2, STEPS // EPOCHS // 2  # each rank half the samples
-    points = list(range(EVERY, steps + 1, EVERY))
+    points = _cadence(steps, per_epoch)
     common = {"T_LOADER": "plain", "T_DEVICES": "2", **ENV}
     (tmp_path / "reference").mkdir()
     reference = harness.run([sys.executable, str(TRAINEE)], tmp_path / "reference", harness.child_env(
