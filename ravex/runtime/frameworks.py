@@ -8,11 +8,11 @@ a framework: an unused one costs one ``sys.meta_path`` lookup per import.
 
 - HuggingFace ``Trainer`` (:mod:`ravex.integrations.hf`): Ravex saves and restores the torch
   objects as for any script; the integration adds the Trainer's state and puts its loop there.
-- Lightning's ``Trainer`` (:mod:`ravex.integrations.lightning`): Lightning's own checkpoint is
-  the whole state, so its ``RavexCheckpointIO`` writes it at the configured cadence into a store
-  beside the configured one (:func:`lightning_store`) and Lightning's own restore resumes it;
-  the runtime's checkpoints and restores stand down (``hand_over``). Its pointer files go in
-  ``.ravex/`` (:func:`pointer_folder`).
+- Lightning's ``Trainer`` (:mod:`ravex.integrations.lightning`), imported as ``lightning`` or as
+  the standalone ``pytorch_lightning``: Lightning's own checkpoint is the whole state, so its
+  ``RavexCheckpointIO`` writes it at the configured cadence into a store beside the configured
+  one (:func:`lightning_store`) and Lightning's own restore resumes it; the runtime's checkpoints
+  and restores stand down (``hand_over``). Its pointer files go in ``.ravex/`` (:func:`pointer_folder`).
 
 The integration reaches the runtime only through what it is handed: the runtime itself (a
 ``Protocol`` in each integration says which methods it calls), what ``ravex.yaml`` asks of it,
@@ -21,6 +21,7 @@ and the undoable ``replace`` of :class:`.patches.Patches`, so ``deactivate()`` t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -40,7 +41,9 @@ def _install_hf(runtime: Any, patches: Patches) -> None:
     hf.install(runtime, patches.replace)
 
 
-def _install_lightning(runtime: Any, patches: Patches) -> None:
+def _install_lightning(package: str, runtime: Any, patches: Patches) -> None:
+    """``package``: which Lightning was imported (``lightning.pytorch`` or ``pytorch_lightning``):
+    one integration, given the classes of the package the script uses."""
     from ravex.integrations import lightning
 
     config: RavexConfig = runtime.config
@@ -48,7 +51,7 @@ def _install_lightning(runtime: Any, patches: Patches) -> None:
         url=lightning_store(config), pointers=pointer_folder(config), every=config.checkpoint_every,
         keep_last=config.keep_last, resume=config.resume, on_exit=config.checkpoint_on_exit,
         compression=config.compression, storage_options=config.storage.storage_options())
-    lightning.install(runtime, settings, patches.replace)
+    lightning.install(runtime, settings, patches.replace, package)
 
 
 def lightning_store(config: RavexConfig) -> str:
@@ -76,7 +79,9 @@ def pointer_folder(config: RavexConfig) -> str:
 #: module whose import installs an integration -> how
 INSTALLERS: dict[str, Callable[[Any, Patches], None]] = {
     "transformers.trainer": _install_hf,
-    "lightning.pytorch.trainer.trainer": _install_lightning,
+    # Lightning under either name: the `lightning` package's copy, and the standalone `pytorch_lightning`
+    "lightning.pytorch.trainer.trainer": functools.partial(_install_lightning, "lightning.pytorch"),
+    "pytorch_lightning.trainer.trainer": functools.partial(_install_lightning, "pytorch_lightning"),
 }
 
 

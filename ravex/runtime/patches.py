@@ -129,7 +129,10 @@ def install(runtime: Any) -> Patches:
         def __init__(self: Any, loader: Any) -> None:
             original(self, loader)
             st = runtime.registry.state_of(loader)
-            if st is None:
+            if st is None or not runtime.enabled:
+                # a runtime that stood down (a framework resumes the run: Lightning) leaves the
+                # iterator lazy, as torch makes it: Lightning sets a DistributedSampler's epoch
+                # after iter(), and an eager one would draw the order of the epoch before
                 return
             self._ravex_state = st
             skip, st.pending_skip = st.pending_skip, 0

@@ -8,20 +8,33 @@ after every training batch, ``<step>`` being the global step of the checkpoint `
 ``$T_OUT``. ``T_MODE``: ``async`` (default, the plugin's background writes), ``sync``, ``plain``
 (no plugin, no checkpoints: the reference run) or ``zero`` (no Ravex in the code, Lightning's
 defaults: run under ``ravex enable``).
+
+``T_PKG=pytorch_lightning``: the standalone package instead of ``lightning``. ``T_DEVICES=2``: DDP on
+two CPU processes (gloo; Lightning gives the shuffled loader a ``DistributedSampler``), with
+dropout seeded differently on each rank; only rank 0 prints ``START``/``STEP``, every rank prints
+``BATCH <rank> <global_step> <sample indices>``. Rank 0 prints ``LOSS <global_step> <loss>`` (the
+float's ``repr``). ``T_AFTER=1``: after ``fit`` the script also writes ``trainer.save_checkpoint``
+to ``after.ckpt``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
 from pathlib import Path
 
-import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
-SAMPLES, BATCH, EPOCHS, EVERY = 64, 4, 3, 4  # 16 steps per epoch, 48 in all
+PKG = os.environ.get("T_PKG", "lightning")
+L = importlib.import_module("pytorch_lightning" if PKG == "pytorch_lightning" else "lightning")
+ModelCheckpoint = importlib.import_module(
+    "pytorch_lightning.callbacks" if PKG == "pytorch_lightning" else "lightning.pytorch.callbacks").ModelCheckpoint
+
+SAMPLES, BATCH, EPOCHS, EVERY = 64, 4, 3, 4  # 16 steps per epoch, 48 in all (8 and 24 on two ranks)
 MODE = os.environ.get("T_MODE", "async")
+DEVICES = int(os.environ.get("T_DEVICES", "1"))
 
 
 class ResumableLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
@@ -53,24 +66,41 @@ class ResumableLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 class Net(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        dropout = [torch.nn.Dropout(0.25)] if DEVICES > 1 else []  # each rank its own RNG: resumed per rank
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), *dropout, torch.nn.Linear(32, 1))
         self.frozen = torch.nn.Linear(8, 8)  # never trained: each save reuses its chunks
         self.frozen.requires_grad_(False)
         self.save_hyperparameters({"width": 32, "lr": 1e-2, "betas": (0.9, 0.99)})
 
+    def setup(self, stage: str) -> None:
+        if DEVICES > 1:
+            torch.manual_seed(1000 + self.global_rank)  # the ranks' dropout masks differ
+
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
+        x, y, _ = batch
         return torch.nn.functional.mse_loss(self.net(self.frozen(x)), y)
 
     def on_train_start(self) -> None:
-        print(f"START {self.trainer.global_step}", flush=True)
+        if self.global_rank == 0:
+            print(f"START {self.trainer.global_step}", flush=True)
 
-    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
-        print(f"STEP {self.trainer.global_step} W{_written()}", flush=True)
+    def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: list[torch.Tensor], batch_idx: int) -> None:
+        step = self.trainer.global_step
+        if DEVICES > 1:
+            _say(f"BATCH {self.global_rank} {step} {','.join(str(int(i)) for i in batch[2])}")
+        if self.global_rank == 0:
+            _say(f"LOSS {step} {float(outputs['loss'])!r}")
+            _say(f"STEP {step} W{_written()}")
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         opt = torch.optim.AdamW(self.net.parameters(), lr=1e-2, betas=(0.9, 0.99))
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)}
+
+
+def _say(line: str) -> None:
+    """One line in one write: the ranks share the pipe, and a print's text and newline are two."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _written() -> int | None:
@@ -89,7 +119,8 @@ def _written() -> int | None:
 def main() -> None:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(7)
-    data = torch.utils.data.TensorDataset(torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g))
+    data = torch.utils.data.TensorDataset(torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g),
+                                          torch.arange(SAMPLES))
     if os.environ.get("T_LOADER") == "plain":  # what most scripts have: Lightning cannot resume it mid-epoch
         loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
     else:
@@ -102,12 +133,18 @@ def main() -> None:
         io = RavexCheckpointIO("./store", async_writes=MODE == "async")
         options = {"plugins": [io],
                    "callbacks": [ModelCheckpoint(dirpath="ckpts", save_last=True, every_n_train_steps=EVERY)]}
-    trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+    if DEVICES > 1:
+        options["strategy"] = "ddp"
+    trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=DEVICES, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, **options)  # type: ignore[arg-type]
     model = Net()
     trainer.fit(model, loader, ckpt_path="last" if io is not None else None)
+    if os.environ.get("T_AFTER"):
+        trainer.save_checkpoint("after.ckpt")
+    if not trainer.is_global_zero:
+        return
     if MODE == "zero":
-        io = trainer.strategy.checkpoint_io  # RavexCheckpointIO under `ravex enable`
+        io = trainer.strategy.checkpoint_io  # the plugin Ravex gave the Trainer under `ravex enable`
         print(f"IO {type(io).__name__}", flush=True)
     if io is not None:
         new, reused = ([getattr(s, name) for s in io.stats] for name in ("new_chunks", "reused_chunks"))

@@ -43,10 +43,12 @@ def test_a_plain_run_imports_no_framework(tmp_path):
 
 
 def test_the_lightning_plugin_without_lightning_names_the_extra(tmp_path):
-    """``lightning`` made unimportable (as if not installed): one line naming ``ravex[lightning]``."""
+    """Neither ``lightning`` nor the standalone ``pytorch_lightning`` importable (as if not installed;
+    either one is enough): one line naming ``ravex[lightning]``."""
     code = textwrap.dedent("""
         import sys
-        sys.modules["lightning"] = None  # an import of it now raises ImportError, as when absent
+        for name in ("lightning", "pytorch_lightning", "lightning_fabric"):
+            sys.modules[name] = None  # an import of it now raises ImportError, as when absent
         try:
             import ravex.integrations.lightning
         except ImportError as exc:

@@ -3,7 +3,10 @@
 ``ckpt_path="last"``) SIGKILLed at a random step and rerun unchanged ends bitwise equal to the
 same script run once without any checkpointing; every save after the first reuses the chunks of
 the frozen layer; the checkpoint files are Ravex pointers that load without pickle. And the same
-script with no Ravex in it and Lightning's defaults, under ``ravex enable``: the same."""
+script with no Ravex in it and Lightning's defaults, under ``ravex enable``, imported as
+``lightning`` or as ``pytorch_lightning``: the same, its steps numbered by global step with their
+training loss; with DDP on two processes killed in a later epoch: the same batches as the
+uninterrupted run; and a finished run rerun: nothing trained, the same files written after fit."""
 
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ from runtime.conftest import make_venv
 from ravex.format import open_store
 
 TRAINEE = Path(__file__).with_name("lightning_trainee.py")
-STEPS, EVERY = 48, 4
+STEPS, EVERY, EPOCHS = 48, 4, 3
 ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
+PACKAGES = ["lightning", "pytorch_lightning"]
 
 
 def _reference(cwd: Path, **extra: str) -> dict:
@@ -51,9 +55,22 @@ def uninterrupted_plain_loader(tmp_path_factory) -> dict:
     return _reference(tmp_path_factory.mktemp("lightning-reference-plain"), T_LOADER="plain")
 
 
-def _written_at_least(step: int) -> str:
-    """A ``STEP`` line whose newest durable checkpoint is at global step ``step`` or later."""
-    return rf"STEP \d+ W(?:{'|'.join(str(s) for s in range(step, STEPS + 1, EVERY))})$"
+def _written_at_least(step: int, points: list[int] | None = None) -> str:
+    """A ``STEP`` line whose newest durable checkpoint is at global step ``step`` or later, of
+    ``points`` (every ``EVERY`` steps when None)."""
+    points = list(range(EVERY, STEPS + 1, EVERY)) if points is None else points
+    return rf"STEP \d+ W(?:{'|'.join(str(s) for s in points if s >= step)})$"
+
+
+def _cadence(steps: int, per_epoch: int) -> list[int]:
+    """The global steps the zero-code cadence saves at: each multiple of ``EVERY``, except that one
+    due at an epoch's last batch is taken at the next epoch's first step (the last step of ``fit``
+    at its end)."""
+    return [s if s == steps or s % per_epoch else s + 1 for s in range(EVERY, steps + 1, EVERY)]
+
+
+def _starts(result: harness.Result) -> int:
+    return int(next(line for line in result.stdout if line.startswith("START ")).split()[1])
 
 
 def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted):
@@ -89,8 +106,11 @@ def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted):
     harness.assert_same_state(final["model"], uninterrupted["model"], "model")
 
 
-def test_checkpoint_is_a_ravex_step_read_without_pickle(tmp_path):
-    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="sync", **ENV)
+@pytest.mark.parametrize("package", PACKAGES)
+def test_checkpoint_is_a_ravex_step_read_without_pickle(tmp_path, package):
+    """The plugin in ``Trainer(plugins=[...])`` of either Lightning (each checks it against its own
+    ``CheckpointIO``)."""
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="sync", T_PKG=package, **ENV)
     result = harness.run([sys.executable, str(TRAINEE)], tmp_path, env)
     assert result.returncode == 0, result.explain()
     pointer = json.loads((tmp_path / "ckpts" / "last.ckpt").read_text())
@@ -135,24 +155,29 @@ def enabled(tmp_path_factory) -> str:
     return make_venv(tmp_path_factory.mktemp("lightning-venv"))
 
 
-def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_plain_loader, enabled):
+@pytest.mark.parametrize("package", PACKAGES)
+def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_plain_loader, enabled, package):
     """No plugin, no ModelCheckpoint, no ckpt_path in the script, a plain shuffled DataLoader that
-    Lightning alone cannot resume mid-epoch: ``ravex.yaml``'s cadence, and the rerun exact."""
-    seed = random.randrange(10**6)
-    first = EVERY * harness.kill_points().randint(1, STEPS // EVERY - 2)  # mid-epoch or at an epoch's end
+    Lightning alone cannot resume mid-epoch: ``ravex.yaml``'s cadence, and the rerun exact. The
+    script imports ``lightning`` or the standalone ``pytorch_lightning``: one integration for both
+    (the reference is the ``lightning`` run: the two are the same code)."""
+    points = _cadence(STEPS, STEPS // EPOCHS)
+    # mid-epoch or an epoch's first step; not the last few: a background write may be durable only
+    # after the script has ended
+    first = harness.kill_points().choice(points[:-3])
     (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 2\n")
-    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", **ENV)
-    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
-    assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", T_PKG=package, **ENV)
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first, points))
+    assert killed.returncode == -9, f"checkpoint {first}: " + killed.explain()
 
     rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
-    assert rerun.returncode == 0, f"seed {seed}: " + rerun.explain()
-    assert "IO RavexCheckpointIO" in rerun.stdout, rerun.explain()
+    assert rerun.returncode == 0, rerun.explain()
+    assert "IO ZeroCodeIO" in rerun.stdout, rerun.explain()
     assert "Ravex's own checkpoints stand down" in rerun.stderr and "NOT restored" not in rerun.stderr
-    start = int(next(line for line in rerun.stdout if line.startswith("START ")).split()[1])
-    assert start >= first and start % EVERY == 0, f"seed {seed}, checkpoint {first}: " + rerun.explain()
+    start = _starts(rerun)
+    assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
     steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
-    assert steps == list(range(start + 1, STEPS + 1)), f"seed {seed}: {steps}"
+    assert steps == list(range(start + 1, STEPS + 1)), steps
     final = torch.load(tmp_path / "final.pt", weights_only=True)
     assert final["global_step"] == STEPS
     harness.assert_same_state(final["model"], uninterrupted_plain_loader["model"], "model")
@@ -163,6 +188,76 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert newest["global_step"] == STEPS and "loops" in newest
     pointers = sorted((tmp_path / ".ravex").glob("lightning-*/step=*.ckpt"))
     assert [p.name for p in pointers] == [f"step={STEPS - EVERY}.ckpt", f"step={STEPS}.ckpt"]
+
+    # Each step is its global step, with the training loss of that step as `ravex ls` shows it.
+    losses = {int(p[1]): p[2] for p in (line.split() for line in killed.stdout + rerun.stdout) if p[0] == "LOSS"}
+    listed = subprocess.run([sys.executable, "-m", "ravex", "ls", "--json", str(tmp_path / "ckpt-lightning")],
+                            env=env, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    rows = [r for r in json.loads(listed.stdout)["steps"] if r["complete"]]  # one the kill cut short: incomplete
+    assert {STEPS - EVERY, STEPS} <= {r["step"] for r in rows} <= set(points), rows
+    for row in rows:
+        assert store.read(row["step"])["global_step"] == row["step"]
+        assert repr(row["loss"]) == losses[row["step"]], (row, losses[row["step"]])
+
+
+def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files(tmp_path, enabled):
+    """What the script writes after ``fit`` (``trainer.save_checkpoint``, ``torch.save`` of the
+    weights) is, byte for byte, what the first run wrote: the rerun resumes the state ``fit`` ended
+    with (the RNG streams included) and trains nothing. The file ``trainer.save_checkpoint`` wrote
+    is Lightning's own, loadable with ``weights_only=True`` as without Ravex."""
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", T_AFTER="1", **ENV)
+    first = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert first.returncode == 0, first.explain()
+    written = {name: (tmp_path / name).read_bytes() for name in ("final.pt", "after.ckpt")}
+    steps = open_store(tmp_path / "ckpt-lightning").step_numbers()
+    assert steps[-1] == STEPS, steps
+
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0, rerun.explain()
+    assert not [line for line in rerun.stdout if line.startswith(("START", "STEP"))], rerun.explain()
+    assert f"resuming from step {STEPS}" in rerun.stderr and "NOT restored" not in rerun.stderr, rerun.stderr
+    for name, data in written.items():
+        assert (tmp_path / name).read_bytes() == data, f"{name} differs from the first run's"
+    assert open_store(tmp_path / "ckpt-lightning").step_numbers() == steps
+    after = torch.load(tmp_path / "after.ckpt", weights_only=True)
+    assert after["global_step"] == STEPS
+
+
+@pytest.mark.slow
+def test_ddp_killed_in_a_later_epoch_resumes_the_same_batches_bitwise(tmp_path, enabled):
+    """``devices=2, strategy="ddp"`` on CPU (gloo): Lightning gives the shuffled loader a
+    ``DistributedSampler``, whose order is its epoch's. Killed (every process at once) in epoch 1
+    or 2, the rerun draws on each rank the batches the uninterrupted run drew, each rank's dropout
+    RNG goes on as it was, and the weights end bitwise equal."""
+    steps, per_epoch = STEPS // 2, STEPS // EPOCHS // 2  # each rank half the samples
+    points = _cadence(steps, per_epoch)
+    common = {"T_LOADER": "plain", "T_DEVICES": "2", **ENV}
+    (tmp_path / "reference").mkdir()
+    reference = harness.run([sys.executable, str(TRAINEE)], tmp_path / "reference", harness.child_env(
+        T_OUT=str(tmp_path / "reference" / "final.pt"), T_MODE="plain", **common), tree=True)
+    assert reference.returncode == 0, reference.explain()
+    drawn = {tuple(line.split()[1:3]): line.split()[3] for line in reference.stdout if line.startswith("BATCH ")}
+    assert len(drawn) == 2 * steps, reference.explain()
+
+    first = harness.kill_points().choice([s for s in points if per_epoch < s < points[-2]])  # epoch 1 or 2
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", **common)
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first, points), tree=True)
+    assert killed.returncode == -9, f"checkpoint {first}: " + killed.explain()
+
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env, tree=True)
+    assert rerun.returncode == 0, rerun.explain()
+    start = _starts(rerun)
+    assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
+    resumed = {tuple(line.split()[1:3]): line.split()[3] for line in rerun.stdout if line.startswith("BATCH ")}
+    assert set(resumed) == {(str(r), str(s)) for r in (0, 1) for s in range(start + 1, steps + 1)}, rerun.explain()
+    assert {k: v for k, v in resumed.items() if drawn[k] != v} == {}, f"resumed from {start}: other batches drawn"
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["global_step"] == steps
+    expected = torch.load(tmp_path / "reference" / "final.pt", weights_only=True)
+    harness.assert_same_state(final["model"], expected["model"], "model")
 
 
 def test_a_failed_background_write_is_raised_by_flush_and_no_pointer_is_left(tmp_path):

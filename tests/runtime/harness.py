@@ -68,17 +68,31 @@ def run(
     env: dict[str, str],
     kill_on: str | None = None,
     send_signal_on: tuple[str, int] | None = None,
+    tree: bool = False,
 ) -> Result:
     """Run ``argv``; SIGKILL it when a stdout line matches the regex ``kill_on``.
 
     ``send_signal_on=(prefix, signum)`` sends ``signum`` instead and lets the child exit.
+    ``tree``: the child runs in a session of its own, and the kill (and the end of the run) is
+    SIGKILL to all of it at once: a child that starts processes of its own (Lightning's DDP
+    launcher starts the other ranks) leaves none behind, and none finishes a write.
     """
     stderr_path = cwd / f"stderr-{os.getpid()}-{threading.get_ident()}.txt"
+
+    def kill(proc: subprocess.Popen[str]) -> None:
+        if not tree:
+            proc.kill()
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+                                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=tree)
         fired = threading.Event()
-        watchdog = threading.Timer(WATCHDOG_S, lambda: (fired.set(), proc.kill()))
+        watchdog = threading.Timer(WATCHDOG_S, lambda: (fired.set(), kill(proc)))
         watchdog.start()
         lines: list[str] = []
         try:
@@ -87,7 +101,7 @@ def run(
                 line = raw.rstrip("\n")
                 lines.append(line)
                 if kill_on and re.match(kill_on, line):
-                    proc.send_signal(signal.SIGKILL)
+                    kill(proc)
                     break
                 if send_signal_on and line.startswith(send_signal_on[0]):
                     proc.send_signal(send_signal_on[1])
@@ -101,8 +115,10 @@ def run(
         finally:
             watchdog.cancel()
             if proc.poll() is None:
-                proc.kill()
+                kill(proc)
                 proc.wait()
+            elif tree:
+                kill(proc)  # what it started, should any outlive it
     return Result(code, lines, stderr_path.read_text(), fired.is_set())
 
 
