@@ -69,10 +69,6 @@ class Cadence(Resume):
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
         self._watch: _BackwardSteps | None = None
-        self._head_watch: position.HeadWatch | None = None
-        self._head_frame: FrameType | None = None  # the frame at its loop head, while its checkpoint is taken
-        self._unsaved_said = False
-        self._after: dict[str, Any] | None = None  # a finished run's position past its training
         #: the tensor the last backward() ran on, read as each checkpoint's loss
         self.last_loss = LastLoss()
         self._run_record: RunRecord | None = None  # rank 0: what this run was, gathered once
@@ -172,46 +168,34 @@ class Cadence(Resume):
 
     def _await_loop_head(self) -> None:
         """No DataLoader to mark the step boundary: take the checkpoint where the script's
-        loop starts its next iteration (:class:`.position.HeadWatch`), a point a rerun can
+        loop starts its next iteration (:class:`.position.headwatch.HeadWatch`), a point a rerun can
         come back to; where that loop cannot be watched, at the next forward pass."""
-        if self._head_watch is not None and not self._head_watch.done:
+        if self.loop_position.watching():
             return
         self._watch_from(sys._getframe(1))
 
     def _watch_from(self, frame: FrameType | None) -> None:
-        """Watch the innermost main-script frame at or outside ``frame`` that is in a loop."""
-        self._head_watch = None
-        if self.enabled and (self._due or self._exit_signal is not None):
-            frame = position.innermost_frame(frame)
-            while frame is not None:
-                self._head_watch = position.HeadWatch.arm(frame, self._at_loop_head, self._watch_from)
-                if self._head_watch is not None:
-                    return
-                frame = position.innermost_frame(frame.f_back)
+        """Watch the innermost frame of the user's code at or outside ``frame`` that is in a loop."""
+        self.loop_position.watch = None
+        due = self.enabled and (self._due or self._exit_signal is not None)
+        if due and self.loop_position.watch_from(frame, self._at_loop_head, self._watch_from):
+            return
+        if due and self.loop_position.past_loop(frame) is not None:
+            self._clear_forward_hook()
+            self._boundary(None)  # the training is over: taken here, past it (_script_position)
+            return
         self._await_next_forward()
 
     def _at_loop_head(self, frame: FrameType) -> None:
-        self._head_watch = None
+        self.loop_position.watch = None
         if not self.enabled or not (self._due or self._exit_signal is not None):
             return
         self._clear_forward_hook()
-        self._head_frame = frame
+        self.loop_position.head_frame = frame
         try:
             self._boundary(None)
         finally:
-            self._head_frame = None
-
-    def _stop_head_watch(self) -> None:
-        watch, self._head_watch = self._head_watch, None
-        if watch is not None:
-            watch.stop()
-
-    def _stop_position_tracing(self) -> None:
-        """Shutdown: no trace function, no ``enumerate`` of ours left behind."""
-        self._stop_head_watch()
-        if self._reentry is not None:
-            self._reentry.stop()
-        self.drop_enumerate()
+            self.loop_position.head_frame = None
 
     def _await_next_forward(self) -> None:
         """No DataLoader to mark the step boundary: use the next forward pass instead.
@@ -240,13 +224,13 @@ class Cadence(Resume):
         """``next()`` on a DataLoader iterator, before the batch is fetched."""
         if not self.enabled:
             return
-        if self._enumerate is not None:
+        if self.loop_position.enumerate is not None:
             self.drop_enumerate()
         if st.explicit_next is None:
             st.explicit_next = position.drawn_explicitly(sys._getframe(2))
         if not self._due:
             self._check_time()
-        if st.explicit_next and self._head_watch is not None and not self._head_watch.done:
+        if st.explicit_next and self.loop_position.watching():
             return  # the loop's head takes it, where a rerun can come back to
         if self._due or self._exit_signal is not None:
             self._clear_forward_hook()
@@ -326,7 +310,7 @@ class Cadence(Resume):
         """
         self._due = False
         self._last_time = time.monotonic()
-        self._stop_head_watch()
+        self.loop_position.stop_watch()
         if not force and self.step == self.last_checkpoint_step:
             return False
         breaker = self.breaker
@@ -392,48 +376,32 @@ class Cadence(Resume):
         Under torchrun each rank records its own (every rank takes the checkpoint at the same
         step and so at the same place in the loop)."""
         frame: FrameType | None
-        if reason == "exit" and self._after is not None:
-            return self._after
+        after, self.loop_position.after = self.loop_position.after, None
+        if after is not None:  # past the training: at exit, or where its loop ended
+            return after
         if self.loops:
             frame, mode = position.innermost_frame(sys._getframe(1)), "loop"
-        elif self._head_frame is not None:
-            frame, mode = self._head_frame, "head"
+        elif self.loop_position.head_frame is not None:
+            frame, mode = self.loop_position.head_frame, "head"
         elif st is not None:
             frame, mode = position.innermost_frame(sys._getframe(1)), "header"
         else:
             return None
-        if frame is None:
-            return None
-        wanted = self.config.script_variables
-        script, unsaved = (position.capture_variables(frame, wanted) if mode == "loop"
-                           else position.capture(frame, mode, wanted))
-        main_file = position.main_file()
-        if script is not None and mode != "loop" and main_file:
-            self.last_script = (script, main_file)
-        if unsaved and not self._unsaved_said and script is not None:
-            self._unsaved_said = True
-            logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "
-                           "which a checkpoint cannot hold (only tensors, numbers, strings and "
-                           "lists/tuples/dicts of them): a resumed run has them as the code before "
-                           "the loop sets them; `script_variables: none` in ravex.yaml silences this",
-                           frame.f_code.co_filename, ", ".join(unsaved))
-        return script
+        return self.loop_position.record(frame, mode)
 
     def exit_checkpoint(self) -> None:
         """The checkpoint of a run that ended normally, at its position past its training
-        (:func:`.position.capture_after`), so that a rerun runs only what follows the
+        (:func:`.position.capture.capture_after`), so that a rerun runs only what follows the
         training. Where the loop's position was known but no way past it can be recorded,
         none is taken: the last checkpoint taken in the loop stays the resume point, and a
         rerun replays the steps after it exactly, rather than restoring the final state
         at the top of the loop and training on."""
-        if self.last_script is not None and not position.user_frames(sys._getframe()):
-            self._after = position.capture_after(*self.last_script, self.config.script_variables)
-            if self._after is None:
-                logger.info("ravex: finished at step %d; the code after the training loop at %s needs "
-                            "what no checkpoint holds, so step %s stays the resume point (a rerun "
-                            "replays the steps after it exactly)", self.step,
-                            position.describe(self.last_script[0]), self.last_checkpoint_step)
-                return
+        if not self.loop_position.finish():
+            logger.info("ravex: finished at step %d; the code after the training loop at %s needs "
+                        "what no checkpoint holds, so step %s stays the resume point (a rerun "
+                        "replays the steps after it exactly)", self.step, self.loop_position.last_place(),
+                        self.last_checkpoint_step)
+            return
         self._checkpoint_now(None, reason="exit")
 
     def flush(self) -> None:

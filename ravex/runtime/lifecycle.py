@@ -156,7 +156,7 @@ class RavexRuntime(Cadence):
             self._triggers.clear()
             self._keepalive.clear()
             self._clear_forward_hook()
-            self._stop_position_tracing()
+            self.loop_position.stop()
             self._restore_signals()
             self._stop_watch()
             self._unwrap_excepthook()
@@ -207,7 +207,7 @@ class RavexRuntime(Cadence):
             handle.remove()
         self._triggers.clear()
         self._clear_forward_hook()
-        self._stop_position_tracing()
+        self.loop_position.stop()
         self._restore_signals()
         self._stop_watch()
 

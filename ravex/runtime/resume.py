@@ -28,7 +28,7 @@ from . import patches, position, restore, rng
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .plan import script_name
-from .position import Entry, EnumerateFrom, Loop, Reentry, advice
+from .position import Entry, Loop, LoopPosition, Reentry, advice
 from .registry import LoaderState, Registry
 
 logger = logging.getLogger("ravex")
@@ -73,11 +73,7 @@ class Resume:
         self._resume_loops: list[dict[str, Any]] | None = None  # saved positions not yet entered
         self._loops_matched = 0  # how many of them this run has entered
         self._loops_skipped = False
-        self._reentry: Reentry | None = None  # the rerun going back to the saved loop position
-        self._enumerate: EnumerateFrom | None = None  # enumerate's count in the resumed epoch
-        #: the script's loop position at this run's last checkpoint (or the one it resumed):
-        #: a finished run's exit checkpoint records the line after its loop from it
-        self.last_script: tuple[dict[str, Any], str] | None = None  # (position, main script file)
+        self.loop_position = LoopPosition(config.script_variables)  # where the user's loops stand
         self._peeked: tuple[int, Any] | None = None  # (step, what read_step gave) before _load_resume
         #: the script that wrote the step this run found, when it is not this one: Ravex stays off
         self.other_script: str | None = None
@@ -148,27 +144,9 @@ class Resume:
         script = (tree or {}).get("script")
         if not script or (tree or {}).get("loops"):
             return False
-        if not position.supported():
-            logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but this "
-                           "interpreter's frames cannot be re-entered (CPython 3.11/3.12 without "
-                           "another trace function can): the checkpoint is restored at the first "
-                           "forward pass and the loop starts over", step, position.describe(script))
-            return False
-        main_file = position.main_file()
-        moved = position.changed(script, main_file) if main_file else "the main script has no file"
-        if moved is not None:
-            logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
-                           "checkpoint is restored at the first forward pass and the loop starts "
-                           "over (`resume: never` in ravex.yaml starts afresh)", step,
-                           position.describe(script), moved)
-            return False
         self._reentry_step = step
-        self._reentry = Reentry(script, self._restore_at_position, self._position_lost)
-        if script["mode"] == "header":
-            self._enumerate = EnumerateFrom()
-            self._enumerate.install()
-        self._reentry.start(sys._getframe(1))
-        return True
+        return self.loop_position.reenter(script, step, self._restore_at_position, self._position_lost,
+                                          sys._getframe(1))
 
     def _peek_position(self, step: int) -> dict[str, Any] | None:
         """Several ranks: this rank's script position in ``step`` (read once; the rest of the
@@ -197,15 +175,13 @@ class Resume:
 
     def drop_enumerate(self) -> None:
         """The resumed epoch is running: ``enumerate`` is the builtin again."""
-        shim, self._enumerate = self._enumerate, None
-        if shim is not None:
-            shim.uninstall()
+        self.loop_position.drop_enumerate()
 
     def _restore_at_position(self, live: list[FrameType]) -> None:
         """The rerun reached the saved loop position: restore, with the script's variables.
         Several ranks agree on the step here; one other than the position's is an error, never
         a restore at another step's position."""
-        reentry = self._reentry
+        reentry = self.loop_position.reentry
         finished = reentry is not None and reentry.mode == "after"
         if finished and reentry is not None and reentry.script["frames"][-1]["after"]["line"] is None:
             self._restored = True  # nothing of the script follows its training: nothing to restore into
@@ -227,11 +203,9 @@ class Resume:
             position.put_variables(reentry.script, live)
 
     def _position_lost(self, why: str) -> None:
-        reentry, self._reentry = self._reentry, None
+        reentry = self.loop_position.give_up()
         if reentry is None:
             return
-        reentry.stop()
-        self.drop_enumerate()
         logger.warning("ravex: cannot return to the loop at %s where checkpoint step %s was taken: "
                        "%s; the checkpoint is restored at the next optimizer step and the loop "
                        "goes on from where this run is", position.describe(reentry.script),
@@ -309,7 +283,7 @@ class Resume:
         if (self._restored or not self.enabled or self.world_size > 1 or not self._resume_loaded
                 or self._resume_loops):
             return
-        reentry = self._reentry
+        reentry = self.loop_position.reentry
         if reentry is not None and reentry.active and self._resume_tree is not None:
             # the loop position is still to come: its RNG streams are put back there again
             self._early_rng = self._resume_tree.get("rng")
@@ -325,7 +299,7 @@ class Resume:
             handle.remove()
         self._triggers.clear()
         tree = self._load_resume()
-        if self._reentry is not None and self._reentry.active:
+        if self.loop_position.reentry is not None and self.loop_position.reentry.active:
             self._position_lost("the position was not reached before the first optimizer step")
         if tree is None:
             return
@@ -341,17 +315,17 @@ class Resume:
                     (time.perf_counter() - started) * 1000)
         main_file = position.main_file()
         if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
-            self.last_script = (tree["script"], main_file)
-        if self._reentry is not None and self._reentry.mode == "after":
+            self.loop_position.last = (tree["script"], main_file)
+        if self.loop_position.reentry is not None and self.loop_position.reentry.mode == "after":
             self._sync_loaders(tree)
-            after = self._reentry.script["frames"][-1]["after"]["line"]
+            after = self.loop_position.reentry.script["frames"][-1]["after"]["line"]
             logger.warning("ravex: this run had finished at step %d: its training is not run again%s",
-                           self.step, f"; the script goes on at {position.describe(self._reentry.script)}"
+                           self.step, f"; the script goes on at {position.describe(self.loop_position.reentry.script)}"
                            if after is not None else ", and nothing of the script follows it: exiting")
-        elif self._reentry is not None:
+        elif self.loop_position.reentry is not None:
             self._sync_loaders(tree)
             logger.info("ravex: back in the loop at %s where step %d was taken",
-                        position.describe(self._reentry.script), self.step)
+                        position.describe(self.loop_position.reentry.script), self.step)
         elif self.rank == 0 and not (self.loops_used or tree.get("loops") or tree.get("script")
                                      or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
             logger.warning("ravex: resumed step %d, but where the loop stood is unknown: %s", self.step,
@@ -359,7 +333,7 @@ class Resume:
 
     def restore_in_loop(self) -> None:
         """A wrapped loop (:mod:`.loops`) is back where the checkpoint was taken: restore, and
-        put back the variables the script's loops carried (:func:`.position.capture_variables`)."""
+        put back the variables the script's loops carried (:func:`.position.capture.capture_variables`)."""
         tree = None if self._restored else self._load_resume()
         self.ensure_restored()
         script = (tree or {}).get("script")
@@ -369,7 +343,7 @@ class Resume:
     def _restore_here(self) -> None:
         """Restore from a DataLoader's ``iter()``: at a recorded loop position, with the
         script's variables (and the index ``enumerate`` starts from)."""
-        reentry = self._reentry
+        reentry = self.loop_position.reentry
         if reentry is None or self._restored:
             self.ensure_restored()
             return
@@ -453,7 +427,7 @@ class Resume:
     def _reentered_loader(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
         """With a recorded loop position: the saved entry of the loader whose epoch the
         checkpoint interrupted, when this ``iter()`` is that loop's; None for any other."""
-        reentry = self._reentry
+        reentry = self.loop_position.reentry
         if reentry is None or self._restored:
             return None
         if reentry.mode == "head":
@@ -488,7 +462,7 @@ class Resume:
         st = self.registry.loader_state(loader)
         if not self.enabled:
             return original(loader)
-        if self._reentry is not None and not self._restored:
+        if self.loop_position.reentry is not None and not self._restored:
             entry = self._reentered_loader(loader, st)
         else:
             entry = self._loader_entry(loader, st)
@@ -508,14 +482,14 @@ class Resume:
                 return _Empty()
             # Replay the epoch's start: same worker seeds, same shuffle order.
             # restored already, or at a loop head still to come: the RNG streams stay as they are
-            later = self._reentry is not None and self._reentry.mode == "head"
+            later = self.loop_position.reentry is not None and self.loop_position.reentry.mode == "head"
             current = rng.capture_epoch_rng(loader) if self._restored or later else None
             rng.restore_epoch_rng(loader, entry["epoch_rng"])
             st.exhausted = False
             st.pending_skip = st.yielded
             iterator = original(loader)
-            if self._enumerate is not None:
-                self._enumerate.expect(iterator, st.yielded)
+            if self.loop_position.enumerate is not None:
+                self.loop_position.enumerate.expect(iterator, st.yielded)
             if current is not None:
                 rng.restore_epoch_rng(loader, current)
             else:

@@ -186,6 +186,24 @@ def test_rerun_of_a_finished_run_trains_nothing_again(name, tmp_path, reference)
         k: v[1] for k, v in ref_files.items()}
 
 
+def test_a_checkpoint_due_at_the_last_step_is_taken_past_the_loop(tmp_path, reference):
+    """The last step's checkpoint falls due as the training loop ends (20 steps, every 5): no
+    loop head comes, so it is taken where the loop ended, as the way past it; the rerun of the
+    finished run trains nothing (word_language_model's ``try: for epoch`` shape)."""
+    shape = Shape("try_epochs.py", 20, 5)
+    _, ref_state, ref_files = reference("try-epochs", CASES["try-epochs"][0])
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 5\n")
+    first = _run(shape, tmp_path, T_ENTRY="activate")
+    assert first.returncode == 0, first.explain()
+    before = _files(tmp_path)
+    again = _run(shape, tmp_path, T_ENTRY="activate", T_OUT=str(tmp_path / "final.pt"))
+    assert again.returncode == 0 and again.resumed_from == 20, again.explain()
+    assert _output(again) == [] and "training is not run again" in again.stderr, again.explain()
+    harness.assert_same_state(torch.load(tmp_path / "final.pt", weights_only=False), ref_state)
+    assert _files(tmp_path) == before and {k: v[1] for k, v in before.items()} == {
+        k: v[1] for k, v in ref_files.items()}
+
+
 def test_finished_class_trainer_rerun_runs_nothing_and_keeps_the_users_model(tmp_path):
     """minGPT's ending: nothing follows ``trainer.run()``. Rerun after it finished, the script
     trains nothing, its callback never saves over the trained model, and it exits 0."""

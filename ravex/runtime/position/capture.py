@@ -221,9 +221,37 @@ def capture_after(last: dict[str, Any], filename: str, wanted: str | list[str]) 
     return None
 
 
+def capture_past(last: dict[str, Any], filename: str, frame: FrameType,
+                 wanted: str | list[str]) -> dict[str, Any] | None:
+    """:func:`capture_after`'s position taken while ``frame`` is alive, standing at the line
+    right past the outermost loop of ``last`` (or past the call that ran it): a function's
+    own variables can be read there too. None where ``frame`` is not there."""
+    records = last["frames"]
+    outermost = next((i for i, r in enumerate(records) if r["loops"]), None)
+    key = frames.code_key(frame.f_code)
+    index = next((i for i, r in enumerate(records) if r["code"] == key), None)
+    if outermost is None or index is None or index > outermost:
+        return None
+    record = records[index]
+    _, name, first = record["code"].rsplit(":", 2)
+    line = record["loops"][0]["line"] if record["loops"] else record["line"]
+    way = source.after(_resolve_file(record, filename), name, int(first), line)
+    if way is None or way.target != frame.f_lineno:
+        return None
+    scope = frame.f_globals if name == "<module>" else frame.f_locals
+    variables = _module_variables(scope, way, wanted)
+    if variables is None:
+        return None
+    frames_out = [dict(r, loops=[], variables={}) for r in records[:index + 1]]
+    frames_out[-1]["variables"] = variables
+    frames_out[-1]["after"] = {"loop": way.statement, "line": way.target}
+    return {"mode": "after", "frames": frames_out}
+
+
 def _module_variables(scope: dict[str, Any], way: source.After, wanted: str | list[str]) -> dict[str, Any] | None:
-    """The main module's values the code after a skipped statement needs, encoded; None when
-    one cannot be saved (then the statement cannot be skipped)."""
+    """The values the code after a skipped statement needs, read from ``scope`` (the main
+    module's globals, or a live frame's variables), encoded; None when one cannot be saved
+    (then the statement cannot be skipped)."""
     carried = set(way.carried)
     if way.call is not None and way.call[0] in scope:
         base, method = way.call

@@ -1,0 +1,169 @@
+"""The runtime's one handle on where the user's loops stand: :class:`LoopPosition`.
+
+The runtime (:mod:`ravex.runtime.cadence`, :mod:`ravex.runtime.resume`) decides *when* a
+checkpoint is taken and *what* is restored; this object holds everything about *where* in the
+loops that happens: on the first run the watch that takes a due checkpoint at a loop's head,
+what each checkpoint records of the loops (and a finished run's way past them), and on the
+rerun the re-entry back to the recorded position. It calls the runtime back only through the
+functions it is handed (take a checkpoint here, restore here, the position is lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from . import frames
+from .capture import (
+    capture,
+    capture_after,
+    capture_past,
+    capture_variables,
+    changed,
+    describe,
+    innermost_frame,
+)
+from .headwatch import HeadWatch
+from .reentry import EnumerateFrom, Reentry
+
+logger = logging.getLogger("ravex")
+
+
+class LoopPosition:
+    """Where the user's loops stand, for one runtime (see the module docstring)."""
+
+    def __init__(self, wanted: str | list[str]) -> None:
+        self.wanted = wanted  #: ``script_variables``: what of the loops' variables is saved
+        self.watch: HeadWatch | None = None  # taking a due checkpoint at the next loop head
+        self.head_frame: FrameType | None = None  # the frame at its loop head, while its checkpoint is taken
+        #: the position of this run's last checkpoint in a loop (or the one it resumed), with
+        #: the main script's file: a finished run's way past its training is read from it
+        self.last: tuple[dict[str, Any], str] | None = None
+        self.after: dict[str, Any] | None = None  # a finished run's position past its training
+        self.reentry: Reentry | None = None  # the rerun going back to the recorded position
+        self.enumerate: EnumerateFrom | None = None  # enumerate's count in the resumed epoch
+        self._unsaved_said = False
+
+    # ── the first run ──────────────────────────────────────────────────
+
+    def watching(self) -> bool:
+        return self.watch is not None and not self.watch.done
+
+    def watch_from(self, frame: FrameType | None, take: Callable[[FrameType], None],
+                   left: Callable[[FrameType | None], None]) -> bool:
+        """Watch the innermost frame of the user's code at or outside ``frame`` that is in a
+        loop, to ``take`` the checkpoint at its head (``left`` when it leaves the loop first);
+        False where no frame can be watched."""
+        self.watch = None
+        frame = innermost_frame(frame)
+        while frame is not None:
+            self.watch = HeadWatch.arm(frame, take, left)
+            if self.watch is not None:
+                return True
+            frame = innermost_frame(frame.f_back)
+        return False
+
+    def stop_watch(self) -> None:
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.stop()
+
+    def record(self, frame: FrameType | None, mode: str) -> dict[str, Any] | None:
+        """What a checkpoint taken with ``frame`` (the innermost frame of the user's code) at
+        ``mode`` records of the loops (:func:`.capture.capture`; ``"loop"``: only the variables,
+        ``ravex.loop`` saves the positions); said once when a carried variable cannot be saved."""
+        if frame is None:
+            return None
+        script, unsaved = (capture_variables(frame, self.wanted) if mode == "loop"
+                           else capture(frame, mode, self.wanted))
+        main_file = frames.main_file()
+        if script is not None and mode != "loop" and main_file:
+            self.last = (script, main_file)
+        if unsaved and not self._unsaved_said and script is not None:
+            self._unsaved_said = True
+            logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "
+                           "which a checkpoint cannot hold (only tensors, numbers, strings and "
+                           "lists/tuples/dicts of them): a resumed run has them as the code before "
+                           "the loop sets them; `script_variables: none` in ravex.yaml silences this",
+                           frame.f_code.co_filename, ", ".join(unsaved))
+        return script
+
+    def past_loop(self, frame: FrameType | None) -> dict[str, Any] | None:
+        """The watched loop ended and ``frame``, alive, stands right past the outermost loop of
+        this run's last position (at the line after it, or after the call that ran it), in no
+        other loop: the position there, as a finished run's (mode ``"after"``), with what the
+        code after it reads of the frame's variables. A checkpoint due at the last step is
+        taken here, so that a rerun skips the training. None where ``frame`` is elsewhere or
+        a variable needed cannot be saved."""
+        frame = innermost_frame(frame)
+        if frame is None or self.last is None:
+            return None
+        script, main_file = self.last
+        self.after = capture_past(script, main_file, frame, self.wanted)
+        return self.after
+
+    def finish(self) -> bool:
+        """The run ended normally: record its way past its training (:attr:`after`, the exit
+        checkpoint's position). False where its loops' position was known but no way past
+        them can be recorded: then no exit checkpoint may be taken (the last one in the loop
+        stays the resume point, and a rerun replays the steps after it exactly)."""
+        if self.last is None or frames.user_frames(sys._getframe()):
+            return True
+        self.after = capture_after(*self.last, self.wanted)
+        return self.after is not None
+
+    def last_place(self) -> str:
+        """``file:line`` of the loop of this run's last position."""
+        return describe(self.last[0]) if self.last is not None else "?"
+
+    # ── the rerun ──────────────────────────────────────────────────────
+
+    def reenter(self, script: dict[str, Any], step: int, restore: Callable[[list[FrameType]], None],
+                lost: Callable[[str], None], caller: FrameType | None) -> bool:
+        """Go back to ``script``, the position step ``step`` recorded: trace the rerun there
+        (:class:`.reentry.Reentry`), calling ``restore`` with the live frames when it gets
+        there and ``lost`` when it cannot. False, said once, where this interpreter or this
+        script (edited, renamed) cannot be re-entered: the caller restores the usual way."""
+        if not frames.supported():
+            logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but this "
+                           "interpreter's frames cannot be re-entered (CPython 3.11/3.12 without "
+                           "another trace function can): the checkpoint is restored at the first "
+                           "forward pass and the loop starts over", step, describe(script))
+            return False
+        main_file = frames.main_file()
+        moved = changed(script, main_file) if main_file else "the main script has no file"
+        if moved is not None:
+            logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
+                           "checkpoint is restored at the first forward pass and the loop starts "
+                           "over (`resume: never` in ravex.yaml starts afresh)", step, describe(script), moved)
+            return False
+        self.reentry = Reentry(script, restore, lost)
+        if script["mode"] == "header":
+            self.enumerate = EnumerateFrom()
+            self.enumerate.install()
+        self.reentry.start(caller)
+        return True
+
+    def drop_enumerate(self) -> None:
+        """The resumed epoch is running: ``enumerate`` is the builtin again."""
+        shim, self.enumerate = self.enumerate, None
+        if shim is not None:
+            shim.uninstall()
+
+    def give_up(self) -> Reentry | None:
+        """The recorded position cannot be reached: stop going back there; the re-entry it was."""
+        reentry, self.reentry = self.reentry, None
+        if reentry is not None:
+            reentry.stop()
+            self.drop_enumerate()
+        return reentry
+
+    def stop(self) -> None:
+        """Shutdown: no trace function, no ``enumerate`` of ours left behind."""
+        self.stop_watch()
+        if self.reentry is not None:
+            self.reentry.stop()
+        self.drop_enumerate()
