@@ -277,7 +277,12 @@ class Lease:
         now = self._clock()
         if top < self.holder.generation and self.storage.create(self.key, self.holder.encode()):
             return
-        other = read_holder(self.storage, self.timeline, now)
+        other: Holder | None = None
+        if top:
+            try:
+                other = parse_lease(self.storage.read(lease_key(self.timeline, top)), lease_key(self.timeline, top))
+            except (FileNotFoundError, ManifestError):
+                other = None
         if other is not None and other.token == self.holder.token:  # (a generation deleted by hand and
             return  # taken again by another run has the same number, never the same token)
         who = other.describe(now) if other is not None else "a run that has since left it"
