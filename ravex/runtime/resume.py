@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ravex.errors import RestoreError
+from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.load import read_refs
 
@@ -102,6 +102,21 @@ class Resume:
                 self._triggers = patches.install_restore_triggers(self, forward=False)
             else:
                 self._triggers = patches.install_restore_triggers(self)
+
+    def _claim_timeline(self) -> None:
+        """At activation, once the timeline this run writes is known: take it for this run
+        (spec §21), stopping the run (:class:`TimelineBusyError`, one line naming the run that
+        holds it) when another still writes it. Storage that fails now is tried again before the
+        first write (:meth:`_prepare_writes`)."""
+        if self.backend is None:
+            return
+        try:
+            self.backend.claim()
+        except (TimelineBusyError, LeaseLostError):
+            raise
+        except Exception as exc:
+            logger.warning("ravex: could not take the lease of this run's timeline in %s (%s: %s); the "
+                           "first checkpoint tries again", self.backend.url, type(exc).__name__, exc)
 
     def _another_script(self) -> bool:
         """Whether this process runs another script than the one that wrote the step it would
@@ -276,10 +291,11 @@ class Resume:
         return None
 
     def _agree_on_steps(self, backend: CheckpointBackend, candidates: list[int]) -> list[int]:
-        """Several ranks, before anyone writes: rank 0 drops a crashed run's partial steps
-        (newer than its newest complete one), then the ranks agree on the resume candidates
-        and the run id their manifests share."""
+        """Several ranks, before anyone writes: rank 0 takes the timeline's lease and drops a
+        crashed run's partial steps (newer than its newest complete one), then the ranks agree
+        on the resume candidates and the run id their manifests share."""
         if self.rank == 0:
+            self._claim_timeline()
             try:
                 dropped = backend.discard_incomplete_above(backend.latest_step())
             except Exception as exc:  # a stale partial step costs space, not correctness
