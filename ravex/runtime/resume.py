@@ -293,8 +293,10 @@ class Resume:
     def _agree_on_steps(self, backend: CheckpointBackend, candidates: list[int]) -> list[int]:
         """Several ranks, before anyone writes: rank 0 takes the timeline's lease and drops a
         crashed run's partial steps (newer than its newest complete one), then the ranks agree
-        on the resume candidates and the run id their manifests share."""
-        if self.rank == 0:
+        on the resume candidates and the run id their manifests share. Rolling back, rank 0
+        then forks the new timeline under that run id and the others follow it; nothing of the
+        timeline resumed is dropped (this run does not write it)."""
+        if self.rank == 0 and not backend.fork_pending:
             self._claim_timeline()
             try:
                 dropped = backend.discard_incomplete_above(backend.latest_step())
@@ -306,6 +308,8 @@ class Resume:
                                 dropped)
         agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size)
         backend.set_run(run_id)
+        if backend.fork_pending:
+            backend.fork_agreed(self.rank, collectives.all_ok)
         self._run_agreed = True
         return agreed
 

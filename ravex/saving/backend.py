@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,8 +56,9 @@ class CheckpointBackend(ABC):
        first save (the resume), and :meth:`resume_point` once, for a run told its step;
     2. :meth:`claim` once the timeline this run writes is known (at activation, again before
        the first save: a no-op once held);
-    3. :meth:`set_run` (several ranks: the run id they agreed on) and
-       :meth:`discard_incomplete_above`, once, before the first save;
+    3. :meth:`set_run` (several ranks: the run id they agreed on), then :meth:`fork_agreed`
+       where :attr:`fork_pending`, and :meth:`discard_incomplete_above`, once, before the
+       first save;
     4. :meth:`save`, any number of times: each waits for the previous write, stages the
        plan's tensors and hands the copy to the writer thread (:meth:`check_claim` first);
     5. :meth:`flush` to wait for the write in flight;
@@ -166,6 +168,16 @@ class CheckpointBackend(ABC):
     def check_claim(self) -> None:  # noqa: B027 - only the format leases timelines
         """Raise :class:`~ravex.format.errors.LeaseLostError` once another run took over what
         :meth:`claim` took. Default: nothing to lose."""
+
+    @property
+    def fork_pending(self) -> bool:
+        """Several ranks resuming an older step: a new timeline is to be forked once they agree
+        on the run (:meth:`fork_agreed`)."""
+        return False
+
+    def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:  # noqa: B027
+        """Several ranks, after :meth:`set_run`: fork the pending timeline once, together;
+        ``agree(ok)`` is True when ``ok`` holds on every rank. Default: nothing pending."""
 
     # ── reading ─────────────────────────────────────────────────────────
 

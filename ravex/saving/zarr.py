@@ -7,7 +7,9 @@ completed (several ranks, rank 0), then retention (rank 0: one GC per store).
 Steps are written to one timeline (spec/FORMAT.md §19): the one a plain rerun continues
 (:meth:`~ravex.format.CheckpointStore.current`), or a new one forked by :meth:`ZarrBackend.resume_point`
 when the run resumes a step that is not its timeline's newest. Its complete steps are that
-timeline's history, the parent's steps up to the fork included.
+timeline's history, the parent's steps up to the fork included. With several ranks the fork waits
+for the ranks' agreement: rank 0 creates it once, under the run id they agreed on, and the other
+ranks find it by that id (:meth:`ZarrBackend.fork_agreed`).
 
 One run writes a timeline at a time: rank 0 holds the timeline's lease (spec §21,
 :mod:`ravex.format.leases`) from :meth:`ZarrBackend.claim` to :meth:`ZarrBackend.close`, renewed by a
@@ -20,6 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ravex.format import RavexError, open_store
@@ -105,6 +108,8 @@ class ZarrBackend(CheckpointBackend):
         self._run_id: str | None = None
         self._refs_pending: list[int] = []
         self._run_recorded = False
+        #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree
+        self._fork_from: tuple[Any, int] | None = None
         self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
         super().__init__(self.store.url, as_numpy=True, config=config)
 
@@ -121,9 +126,10 @@ class ZarrBackend(CheckpointBackend):
     def claim(self) -> None:
         """Rank 0 takes the lease of the timeline this run writes (spec §21), or raises
         :class:`~ravex.format.errors.TimelineBusyError` naming the run that holds it. Nothing
-        to take on other ranks; taking the lease it holds again costs nothing."""
+        to take on other ranks, nor while a fork waits for the ranks' agreement; taking the
+        lease it holds again costs nothing."""
         name = self.timeline.timeline.name
-        if self.rank != 0:
+        if self.rank != 0 or self._fork_from is not None:
             return
         if self._keeper is not None and self._keeper.lease.timeline == name:
             return
@@ -257,17 +263,53 @@ class ZarrBackend(CheckpointBackend):
         owner, step = view.locate(text)
         history = view.lineage_steps()
         newest = (history[-1][0].timeline.name, history[-1][1]) if history else None
-        if newest == (owner.timeline.name, step):
-            self.timeline = view
-        elif self.world_size > 1:
-            raise RavexError(f"resume: {resume} is not the newest step of timeline {view.timeline.name!r}; "
-                             "rolling back with several ranks is not supported yet: resume it with one process")
-        else:
-            self.timeline = owner.fork(step, run=self._run_id)
-            logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
-                        step, view.timeline.name, self.timeline.timeline.name)
+        self.timeline = view
+        if newest != (owner.timeline.name, step):
+            if self.world_size > 1:  # forked once the ranks agree on the run (fork_agreed)
+                self._fork_from = (owner, step)
+            else:
+                self._fork(owner, step)
         self._drop_writer()
         return step
+
+    def _fork(self, owner: Any, step: int) -> None:
+        resumed = self.timeline.timeline.name
+        self.timeline = owner.fork(step, run=self._run_id)
+        logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
+                    step, resumed, self.timeline.timeline.name)
+
+    @property
+    def fork_pending(self) -> bool:
+        # docstring inherited
+        return self._fork_from is not None
+
+    def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:
+        """Several ranks rolling back, after they agreed on the run id (:meth:`set_run`): rank 0
+        forks the timeline, once, its document naming that run; ``agree(ok)`` (every rank, True
+        when it holds on all) tells the others it exists, and each finds it by the run id. A
+        failed fork fails every rank, before any writes."""
+        pending, self._fork_from = self._fork_from, None
+        if pending is None:
+            return
+        owner, step = pending
+        failed: Exception | None = None
+        if rank == 0:
+            try:
+                self._fork(owner, step)
+            except Exception as exc:
+                failed = exc
+        if not agree(failed is None):
+            raise RavexError(f"resume: {step}: rank 0 could not fork a new timeline from it in {self.url!r}"
+                             + (f" ({type(failed).__name__}: {failed})" if failed is not None else
+                                " (its error is in rank 0's output)"))
+        if rank != 0:
+            found = [t for t in self.store.timelines().values() if t.run == self._run_id and
+                     t.parent == owner.timeline.name and t.fork_step == step]
+            if len(found) != 1:
+                raise RavexError(f"resume: {step}: rank 0 forked a timeline from it, but this rank finds "
+                                 f"{len(found)} timelines forked by run {self._run_id} in {self.url!r}")
+            self.timeline = self.store.on_timeline(found[0].name)
+        self._drop_writer()
 
     def tag(self, name: str) -> str | None:
         """Rank 0 tags the newest step of this backend's timeline (the caller flushed first);
