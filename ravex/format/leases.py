@@ -240,7 +240,8 @@ class Lease:
         me = identity or Identity.this_process()
         where = storage.url
         watched: tuple[str, float] | None = None
-        for _ in range(64):  # each turn either decides or loses a race of creates to another run
+        changes = 0  # holders seen come and go, and creates lost to another run: bounded
+        while changes < 64:
             now = clock_()
             holder = read_holder(storage, timeline, now)
             verdict = Verdict.FREE if holder is None else judge(holder, me, now, alive)
@@ -253,6 +254,7 @@ class Lease:
                                                   "its lease was renewed while this run watched it"
                                                   if wait else "its lease is fresh"))
                 if watched is None or watched[0] != seen[0]:
+                    changes += 1
                     if notify is not None:
                         notify(holder, max(0.0, holder.renewed_at + holder.stale_after - now))
                 watched = seen
@@ -265,6 +267,7 @@ class Lease:
                 lease = cls(storage, mine, clock_)
                 lease._drop_below(generation)
                 return lease
+            changes += 1
         raise TimelineBusyError(f"timeline {timeline!r} of {where!r}: its lease changed hands 64 times while "
                                 "this run tried to take it; stop the other runs of this timeline and rerun")
 

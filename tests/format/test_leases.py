@@ -110,6 +110,10 @@ def test_another_machine_is_watched_until_it_renews_or_goes_stale(store):
     clock.slept.clear()
     lease = _take(store.storage, ME, clock)
     assert lease.holder.generation == 2 and 50 < sum(clock.slept) <= 61
+    # a long stale_after is watched to its end, one poll a second, however many polls that is
+    held = _take(store.storage, OTHER_HOST, clock, stale_after=300)
+    clock.slept.clear()
+    assert _take(store.storage, ME, clock).holder.generation == 4 and 290 < sum(clock.slept) <= 301
     # wait=False refuses at once
     with pytest.raises(TimelineBusyError, match="its lease is fresh"):
         _take(store.storage, Identity("far", 3, None, None), clock, wait=False, alive=lambda p, s: None)
