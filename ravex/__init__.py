@@ -54,6 +54,11 @@ def activate(**overrides: Any) -> Any:
     harmless; changing options once active raises :class:`RuntimeError` (they are
     baked into the patches and the open store). An unknown option raises
     :class:`TypeError`, naming the nearest valid one.
+
+    When another run still writes the timeline this run would write (a requeued job whose
+    predecessor is alive, the same script launched twice), this run must not train: the one
+    line naming that run (host, pid, start) goes to stderr and the process exits with status 2,
+    as under ``ravex enable`` (catch ``SystemExit`` to do otherwise).
     """
     from ravex.runtime import lifecycle
 
@@ -65,10 +70,15 @@ def activate(**overrides: Any) -> Any:
                 "Set the options in ravex.yaml or RAVEX_* environment variables instead."
             )
         return runtime
+    from ravex.format.errors import TimelineBusyError
     from ravex.runtime.config import RavexConfig
 
     config = RavexConfig.load(overrides)
-    return lifecycle.start(config, scan_existing=True)
+    try:
+        return lifecycle.start(config, scan_existing=True)
+    except TimelineBusyError as exc:
+        sys.stderr.write(f"ravex: {exc}\n")
+        raise SystemExit(2) from None
 
 
 def deactivate() -> None:

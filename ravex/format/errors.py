@@ -72,11 +72,22 @@ class NameTakenError(RavexError, FileExistsError):
     """A timeline or tag of that name already exists (names are written once, never replaced)."""
 
 
+class TimelineBusyError(RavexError):
+    """Another run holds the lease of the timeline this run would write (spec §21): the message
+    names that run (host, pid, start) and what to do."""
+
+
+class LeaseLostError(RavexError):
+    """Another run took over the timeline this run was writing, after this run's lease went
+    unrenewed past its bound (spec §21): this run's checkpoints stop."""
+
+
 __all__ = [
     "ArrayNotFoundError",
     "BadNameError",
     "CorruptObjectError",
     "FormatVersionError",
+    "LeaseLostError",
     "ManifestError",
     "NameTakenError",
     "RavexError",
@@ -84,6 +95,7 @@ __all__ = [
     "StepNotFoundError",
     "StorageError",
     "StoreNotFoundError",
+    "TimelineBusyError",
     "UnsafeNameError",
     "UnsupportedValueError",
 ]

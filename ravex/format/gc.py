@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .catalog import StepFiles, StoreCatalog
-from .errors import RavexError
+from .errors import RavexError, TimelineBusyError
+from .leases import active_holders
 from .names import object_key
 from .refs import REFS_NAME
 from .repack import (
@@ -155,6 +156,8 @@ def gc(
     if not (isinstance(grace_seconds, (int, float)) and grace_seconds >= 0):  # NaN fails this too
         # a negative or NaN grace would delete a concurrent writer's objects before its manifest lands
         raise ValueError(f"grace_seconds={grace_seconds!r} must be a number of seconds >= 0")
+    if grace_seconds == 0 and not dry_run:
+        _no_writer(store)
     now = time.time()  # t0, taken before the listings
     report = GCReport(dry_run=dry_run)
     views = _timeline_catalogs(store)
@@ -299,6 +302,18 @@ def _base_candidates(views: dict[str, StoreCatalog], listings: dict[str, dict[in
         elif view.timeline.parent is not None and view.timeline.fork_step is not None:
             out.add((view.timeline.parent, view.timeline.fork_step))
     return out
+
+
+def _no_writer(store: StoreCatalog) -> None:
+    """A grace of 0 assumes no writer runs (spec §14, A2, A8); a run whose lease (§21) may be
+    alive is one: refused, naming it. This process's own lease does not count (its caller knows)."""
+    holders = active_holders(store.storage)
+    if holders:
+        now = time.time()
+        holder = holders[0]
+        raise TimelineBusyError(
+            f"gc with grace 0 needs no run writing {store.storage.url!r}, but timeline {holder.timeline!r} is "
+            f"held by a run ({holder.describe(now)}): let it finish, or collect with the default grace")
 
 
 def _ref(timeline: str, step: int) -> int | str:

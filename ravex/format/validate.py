@@ -13,6 +13,8 @@ Findings name the step, rank, tensor and chunk involved. Kinds:
   from it is damaged: the damage lies in bytes no step reads (the dead region of a pack, an
   orphan object). A warning naming the object and the byte ranges that hold it.
 - ``orphan_object``: an object no manifest names (garbage, not damage: a warning).
+- ``malformed_lease``: a timeline's lease document (spec §21) does not parse: no reader minds,
+  but the next run of that timeline waits for it to go stale before taking it over (a warning).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .dtypes import data_type
 from .errors import FormatVersionError, ManifestError, RavexError, StoreNotFoundError, UnsafeNameError
 from .hashing import digest
 from .keyview import decoded_chunk_size
+from .leases import STALE_SECONDS, lease_problems
 from .manifest import ArrayEntry, Manifest
 from .names import check_object_name, manifest_ranks, object_key
 from .storage import Storage
@@ -46,7 +49,7 @@ ERROR_KINDS = {
     "size_mismatch",
     "hash_mismatch",
 }
-WARNING_KINDS = {"incomplete_step", "orphan_object", "unread_damage"}
+WARNING_KINDS = {"incomplete_step", "orphan_object", "unread_damage", "malformed_lease"}
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,11 @@ def validate(
         report.findings.append(Finding(
             "orphan_object", f"{sizes[name][0]} is named by no manifest (garbage; `ravex gc` removes it)", object=name
         ))
+    if every_step:
+        for lease, trouble in lease_problems(storage):
+            report.findings.append(Finding(
+                "malformed_lease", f"{trouble}: the next run of timeline {lease.split('/')[1]!r} waits until it is "
+                f"{STALE_SECONDS:.0f} s old to take it over; delete it if no run writes that timeline"))
     return report
 
 

@@ -26,7 +26,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ravex.errors import RestoreError
+from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
 from ravex.format.runs import RunRecord
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
@@ -328,7 +328,13 @@ class Cadence(Resume):
             if not self._prepared_writes:
                 self._prepare_writes(backend)
                 self._prepared_writes = True
+            backend.check_claim()
             self.last_stall = backend.save(self._plan(backend, st, reason), breaker)
+        except (TimelineBusyError, LeaseLostError) as exc:
+            if reason == "exit":  # said when the lease was lost; nothing to stop any more
+                logger.error("ravex: no exit checkpoint: %s", exc)
+                return False
+            raise
         except RestoreError:
             raise
         except Exception as exc:
@@ -342,13 +348,16 @@ class Cadence(Resume):
         return True
 
     def _prepare_writes(self, backend: CheckpointBackend) -> None:
-        """Once, before this process's first write: drop a crashed run's partial steps. With
-        several ranks that is part of their agreement (run without a resume, ``resume:
-        never``, it runs here)."""
+        """Once, before this process's first write: hold the timeline's lease (taken at
+        activation unless the storage failed then, or a fork waited for the ranks), then drop
+        a crashed run's partial steps. With several ranks that is part of their agreement (run
+        without a resume, ``resume: never``, it runs here)."""
         if self.world_size > 1:
             if backend.multi_rank_steps and not self._run_agreed:
                 self._agree_on_steps(backend, [])
+            backend.claim()
             return
+        backend.claim()
         latest = backend.latest_step()
         backend.discard_incomplete_above(max(s for s in (self.resumed_from, latest, -1) if s is not None))
 

@@ -129,6 +129,7 @@ class RavexRuntime(Cadence):
         self._plan_resume()
         if self.other_script is not None:
             return  # another script's store: this run stays off (said by _plan_resume)
+        self._claim_timeline()  # another run still writing this timeline stops this one here
         self._install_signals()
         self._start_watch()
         self._wrap_excepthook()

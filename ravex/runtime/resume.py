@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ravex.errors import RestoreError
+from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.load import read_refs
 
@@ -99,6 +99,21 @@ class Resume:
                 self._triggers = patches.install_restore_triggers(self, forward=False)
             else:
                 self._triggers = patches.install_restore_triggers(self)
+
+    def _claim_timeline(self) -> None:
+        """At activation, once the timeline this run writes is known: take it for this run
+        (spec §21), stopping the run (:class:`TimelineBusyError`, one line naming the run that
+        holds it) when another still writes it. Storage that fails now is tried again before the
+        first write (:meth:`_prepare_writes`)."""
+        if self.backend is None:
+            return
+        try:
+            self.backend.claim()
+        except (TimelineBusyError, LeaseLostError):
+            raise
+        except Exception as exc:
+            logger.warning("ravex: could not take the lease of this run's timeline in %s (%s: %s); the "
+                           "first checkpoint tries again", self.backend.url, type(exc).__name__, exc)
 
     def _another_script(self) -> bool:
         """Whether this process runs another script than the one that wrote the step it would
@@ -254,10 +269,13 @@ class Resume:
         return None
 
     def _agree_on_steps(self, backend: CheckpointBackend, candidates: list[int]) -> list[int]:
-        """Several ranks, before anyone writes: rank 0 drops a crashed run's partial steps
-        (newer than its newest complete one), then the ranks agree on the resume candidates
-        and the run id their manifests share."""
-        if self.rank == 0:
+        """Several ranks, before anyone writes: rank 0 takes the timeline's lease and drops a
+        crashed run's partial steps (newer than its newest complete one), then the ranks agree
+        on the resume candidates and the run id their manifests share. Rolling back, rank 0
+        then forks the new timeline under that run id and the others follow it; nothing of the
+        timeline resumed is dropped (this run does not write it)."""
+        if self.rank == 0 and not backend.fork_pending:
+            self._claim_timeline()
             try:
                 dropped = backend.discard_incomplete_above(backend.latest_step())
             except Exception as exc:  # a stale partial step costs space, not correctness
@@ -268,6 +286,8 @@ class Resume:
                                 dropped)
         agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size)
         backend.set_run(run_id)
+        if backend.fork_pending:
+            backend.fork_agreed(self.rank, collectives.all_ok)
         self._run_agreed = True
         return agreed
 

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,13 +53,16 @@ class CheckpointBackend(ABC):
     Call order (all on the training thread; the writes themselves on the writer thread):
 
     1. :meth:`complete_steps` and :meth:`read_step`, any number of times, before the
-       first save (the resume);
-    2. :meth:`set_run` (several ranks: the run id they agreed on) and
-       :meth:`discard_incomplete_above`, once, before the first save;
-    3. :meth:`save`, any number of times: each waits for the previous write, stages the
-       plan's tensors and hands the copy to the writer thread;
-    4. :meth:`flush` to wait for the write in flight;
-    5. :meth:`close`, once.
+       first save (the resume), and :meth:`resume_point` once, for a run told its step;
+    2. :meth:`claim` once the timeline this run writes is known (at activation, again before
+       the first save: a no-op once held);
+    3. :meth:`set_run` (several ranks: the run id they agreed on), then :meth:`fork_agreed`
+       where :attr:`fork_pending`, and :meth:`discard_incomplete_above`, once, before the
+       first save;
+    4. :meth:`save`, any number of times: each waits for the previous write, stages the
+       plan's tensors and hands the copy to the writer thread (:meth:`check_claim` first);
+    5. :meth:`flush` to wait for the write in flight;
+    6. :meth:`close`, once.
     """
 
     #: short name for status() and log lines
@@ -155,6 +159,25 @@ class CheckpointBackend(ABC):
         """Drop the partial writes of steps newer than ``floor`` (a crashed run's); the
         steps dropped. A backend whose writes are atomic has none."""
         return []
+
+    def claim(self) -> None:  # noqa: B027 - only the format leases timelines
+        """Take what this run writes for this run alone, or raise
+        :class:`~ravex.format.errors.TimelineBusyError` naming the run that has it (another
+        run still writing the same timeline: spec §21). Default: nothing to take."""
+
+    def check_claim(self) -> None:  # noqa: B027 - only the format leases timelines
+        """Raise :class:`~ravex.format.errors.LeaseLostError` once another run took over what
+        :meth:`claim` took. Default: nothing to lose."""
+
+    @property
+    def fork_pending(self) -> bool:
+        """Several ranks resuming an older step: a new timeline is to be forked once they agree
+        on the run (:meth:`fork_agreed`)."""
+        return False
+
+    def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:  # noqa: B027
+        """Several ranks, after :meth:`set_run`: fork the pending timeline once, together;
+        ``agree(ok)`` is True when ``ok`` holds on every rank. Default: nothing pending."""
 
     # ── reading ─────────────────────────────────────────────────────────
 

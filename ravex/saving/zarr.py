@@ -7,17 +7,27 @@ completed (several ranks, rank 0), then retention (rank 0: one GC per store).
 Steps are written to one timeline (spec/FORMAT.md §19): the one a plain rerun continues
 (:meth:`~ravex.format.CheckpointStore.current`), or a new one forked by :meth:`ZarrBackend.resume_point`
 when the run resumes a step that is not its timeline's newest. Its complete steps are that
-timeline's history, the parent's steps up to the fork included.
+timeline's history, the parent's steps up to the fork included. With several ranks the fork waits
+for the ranks' agreement: rank 0 creates it once, under the run id they agreed on, and the other
+ranks find it by that id (:meth:`ZarrBackend.fork_agreed`).
+
+One run writes a timeline at a time: rank 0 holds the timeline's lease (spec §21,
+:mod:`ravex.format.leases`) from :meth:`ZarrBackend.claim` to :meth:`ZarrBackend.close`, renewed by a
+:class:`LeaseKeeper` thread and confirmed before each manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ravex.format import RavexError, open_store
+from ravex.format.errors import LeaseLostError
+from ravex.format.leases import Holder, Lease
 from ravex.format.refs import refs_worth_writing, write_refs
 from ravex.format.runs import write_run
 from ravex.format.timelines import split_ref
@@ -33,6 +43,49 @@ logger = logging.getLogger("ravex")
 
 #: Sections of a multi-rank tree that each rank writes for itself (under ``rank-<r>``).
 PER_RANK = ("rng", "loaders", "script")
+
+
+class LeaseKeeper:
+    """Renews a timeline's lease every ``renew_every`` seconds on a daemon thread, so a run keeps
+    its timeline however long it trains between checkpoints. A renewal that fails on storage is
+    tried again at the next tick (the lease only goes stale after several); one that finds another
+    run took the timeline stops, keeping the error for the next checkpoint to raise."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.lost: LeaseLostError | None = None
+        self._stop = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="ravex-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease.holder.renew_every):
+            try:
+                self.lease.renew()
+            except LeaseLostError as exc:
+                self.lost = exc
+                logger.error("ravex: %s", exc)
+                return
+            except Exception as exc:
+                if not self._failing:
+                    logger.warning("ravex: the lease of timeline %r was not renewed (%s: %s); retrying every "
+                                   "%.0f s", self.lease.timeline, type(exc).__name__, exc,
+                                   self.lease.holder.renew_every)
+                self._failing = True
+            else:
+                self._failing = False
+
+    def close(self) -> None:
+        """Stop renewing, then release the lease (the next run of the timeline takes it at once)."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if self.lost is None:
+            try:
+                self.lease.release()
+            except Exception as exc:  # it goes stale on its own
+                logger.warning("ravex: the lease of timeline %r was not released (%s); the next run "
+                               "takes it over once it is stale", self.lease.timeline, exc)
 
 
 class ZarrBackend(CheckpointBackend):
@@ -55,6 +108,9 @@ class ZarrBackend(CheckpointBackend):
         self._run_id: str | None = None
         self._refs_pending: list[int] = []
         self._run_recorded = False
+        #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree
+        self._fork_from: tuple[Any, int] | None = None
+        self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
         super().__init__(self.store.url, as_numpy=True, config=config)
 
     def set_run(self, run_id: str | None) -> None:
@@ -64,6 +120,38 @@ class ZarrBackend(CheckpointBackend):
     def discard_incomplete_above(self, floor: int | None) -> list[int]:
         # docstring inherited
         return self.timeline.discard_incomplete_above(floor)
+
+    # ── the timeline's lease (rank 0) ───────────────────────────────────
+
+    def claim(self) -> None:
+        """Rank 0 takes the lease of the timeline this run writes (spec §21), or raises
+        :class:`~ravex.format.errors.TimelineBusyError` naming the run that holds it. Nothing
+        to take on other ranks, nor while a fork waits for the ranks' agreement; taking the
+        lease it holds again costs nothing."""
+        name = self.timeline.timeline.name
+        if self.rank != 0 or self._fork_from is not None:
+            return
+        if self._keeper is not None and self._keeper.lease.timeline == name:
+            return
+        self._release()
+        lease = Lease.acquire(self.store.storage, name, notify=self._waiting)
+        self._keeper = LeaseKeeper(lease)
+
+    def _waiting(self, holder: Holder, seconds: float) -> None:
+        logger.warning("ravex: timeline %r of %s is leased by a run on another machine (%s): waiting up to "
+                       "%.0f s for it to be renewed (that run is alive: this one stops) or to go stale (it "
+                       "died: this run takes the timeline over)", holder.timeline, self.url,
+                       holder.describe(time.time()), seconds)
+
+    def check_claim(self) -> None:
+        """Raise the :class:`~ravex.format.errors.LeaseLostError` of a lease another run took over."""
+        if self._keeper is not None and self._keeper.lost is not None:
+            raise self._keeper.lost
+
+    def _release(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.close()
 
     # ── writing (writer thread) ─────────────────────────────────────────
 
@@ -87,6 +175,9 @@ class ZarrBackend(CheckpointBackend):
 
     def _commit(self, job: Job) -> Any:
         """Write the step's chunks and its manifest: after this the step is this rank's."""
+        if self._keeper is not None:  # no manifest lands on a timeline another run took over
+            self.check_claim()
+            self._keeper.lease.confirm()
         if self._writer is None:
             self._writer = self._make_writer()
             self._run_id = self._writer.run  # a writer made after a failure keeps the run's id
@@ -155,6 +246,7 @@ class ZarrBackend(CheckpointBackend):
     def close(self) -> None:
         super().close()
         self._drop_writer()
+        self._release()
 
     # ── reading ─────────────────────────────────────────────────────────
 
@@ -171,17 +263,53 @@ class ZarrBackend(CheckpointBackend):
         owner, step = view.locate(text)
         history = view.lineage_steps()
         newest = (history[-1][0].timeline.name, history[-1][1]) if history else None
-        if newest == (owner.timeline.name, step):
-            self.timeline = view
-        elif self.world_size > 1:
-            raise RavexError(f"resume: {resume} is not the newest step of timeline {view.timeline.name!r}; "
-                             "rolling back with several ranks is not supported yet: resume it with one process")
-        else:
-            self.timeline = owner.fork(step, run=self._run_id)
-            logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
-                        step, view.timeline.name, self.timeline.timeline.name)
+        self.timeline = view
+        if newest != (owner.timeline.name, step):
+            if self.world_size > 1:  # forked once the ranks agree on the run (fork_agreed)
+                self._fork_from = (owner, step)
+            else:
+                self._fork(owner, step)
         self._drop_writer()
         return step
+
+    def _fork(self, owner: Any, step: int) -> None:
+        resumed = self.timeline.timeline.name
+        self.timeline = owner.fork(step, run=self._run_id)
+        logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
+                    step, resumed, self.timeline.timeline.name)
+
+    @property
+    def fork_pending(self) -> bool:
+        # docstring inherited
+        return self._fork_from is not None
+
+    def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:
+        """Several ranks rolling back, after they agreed on the run id (:meth:`set_run`): rank 0
+        forks the timeline, once, its document naming that run; ``agree(ok)`` (every rank, True
+        when it holds on all) tells the others it exists, and each finds it by the run id. A
+        failed fork fails every rank, before any writes."""
+        pending, self._fork_from = self._fork_from, None
+        if pending is None:
+            return
+        owner, step = pending
+        failed: Exception | None = None
+        if rank == 0:
+            try:
+                self._fork(owner, step)
+            except Exception as exc:
+                failed = exc
+        if not agree(failed is None):
+            raise RavexError(f"resume: {step}: rank 0 could not fork a new timeline from it in {self.url!r}"
+                             + (f" ({type(failed).__name__}: {failed})" if failed is not None else
+                                " (its error is in rank 0's output)"))
+        if rank != 0:
+            found = [t for t in self.store.timelines().values() if t.run == self._run_id and
+                     t.parent == owner.timeline.name and t.fork_step == step]
+            if len(found) != 1:
+                raise RavexError(f"resume: {step}: rank 0 forked a timeline from it, but this rank finds "
+                                 f"{len(found)} timelines forked by run {self._run_id} in {self.url!r}")
+            self.timeline = self.store.on_timeline(found[0].name)
+        self._drop_writer()
 
     def tag(self, name: str) -> str | None:
         """Rank 0 tags the newest step of this backend's timeline (the caller flushed first);

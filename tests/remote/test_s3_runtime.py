@@ -135,6 +135,14 @@ def test_no_request_per_chunk(trained):
           f"the resumed step has {trained.resumed_chunks} chunks in {trained.resumed_objects} objects")
     assert n == 3, trained.second.explain()
     assert trained.resumed_chunks >= 3 * max(1, trained.resumed_objects)  # so that "per chunk" would show
+    # the timeline's lease (spec §21): taken (LIST, GET of the killed run's, PUT, LIST and DELETE of
+    # the older generations), confirmed before each manifest (LIST, GET), renewed on a timer (LIST,
+    # GET, PUT), released (LIST, GET, PUT): a few requests per checkpoint, none per chunk
+    leased = [r for r in log if "/leases/" in r.path or ("prefix=" in r.path and _prefix(r).startswith("leases/"))]
+    renewals = sum(r.op == "PUT" for r in leased) - 2
+    assert renewals >= 0 and sum(r.op == "LIST" for r in leased) <= 2 + n + renewals + 1, leased
+    assert sum(r.op == "GET" for r in leased) <= 1 + n + renewals + 1, leased
+    log = [r for r in log if r not in leased]
     first_put = next(i for i, r in enumerate(log) if r.op == "PUT")
     resume, writes = log[:first_put], log[first_put:]
     heads = [r.path for r in resume if r.op == "HEAD" and "/objects/" in r.path]
@@ -144,7 +152,7 @@ def test_no_request_per_chunk(trained):
     assert [r.path for r in writes if r.op == "HEAD"] == []
     for r in log:
         if r.op == "LIST":
-            prefix = parse_qs(urlsplit(r.path).query)["prefix"][0].split("/", 1)[1]
+            prefix = _prefix(r)
             # never objects/ab/...: the folders a store has, each listed whole
             assert prefix in ("objects/", "timelines/", "tags/", "repack/") or prefix.startswith(("steps/", "runs/")), (
                 r.path)
@@ -152,6 +160,11 @@ def test_no_request_per_chunk(trained):
     assert all("/objects/" not in p for p in gets), gets  # a checkpoint reads no chunk back
     lists = sum(r.op == "LIST" for r in log)
     assert lists <= 8 * (n + 1) + 1, Counter(r.path for r in log if r.op == "LIST")  # +1: the run record's check
+
+
+def _prefix(request: Record) -> str:
+    """The store-relative prefix a LIST request asks for."""
+    return parse_qs(urlsplit(request.path).query)["prefix"][0].split("/", 1)[1]
 
 
 def _cli(*args: str, env: dict[str, str]) -> tuple[int, object]:

@@ -6,6 +6,7 @@ they come and SIGKILLs the child the moment it reports the point a test asked fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +122,29 @@ def run(
             elif tree:
                 kill(proc)  # what it started, should any outlive it
     return Result(code, lines, stderr_path.read_text(), fired.is_set())
+
+
+@contextlib.contextmanager
+def hold(argv: list[str], cwd: Path, env: dict[str, str], until: str) -> Iterator[subprocess.Popen]:
+    """Start ``argv`` and yield it, alive, once a stdout line matches the regex ``until`` (a
+    child blocked there, e.g. ``BLOCKED``); SIGKILLed when the block ends, if still running."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    watchdog = threading.Timer(WATCHDOG_S, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if re.match(until, raw):
+                break
+        else:
+            raise AssertionError(f"{argv} exited with {proc.wait()} before printing {until!r}")
+        yield proc
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def assert_same_state(a: object, b: object, where: str = "state") -> None:

@@ -758,3 +758,32 @@ def test_an_array_entry_holds_exactly_one_of_chunks_and_table(table_store: tuple
     if keep == "neither":  # the message §16 quotes: what a 1.0/1.1 reader says of a table
         with pytest.raises(Exception, match="entry has no 'chunks' map"):
             Manifest.from_json(doc, "no chunks")
+
+
+# ---- leases (§21, since 1.3): the document the code writes is the one the spec's table lists ----
+
+
+def test_lease_document_is_the_spec_table(tmp_path: Path) -> None:
+    from ravex.format import open_store
+    from ravex.format.leases import (
+        LEASE_FORMAT,
+        LEASE_VERSION,
+        MAX_STALE_SECONDS,
+        RENEW_SECONDS,
+        STALE_SECONDS,
+        Lease,
+    )
+
+    section = spec_section("Leases")
+    rows = re.findall(r"^\| `([a-z_]+)` \| ", section, flags=re.M)
+    store = open_store(tmp_path / "ckpt", create=True)
+    lease = Lease.acquire(store.storage, "main")
+    doc = json.loads(store.storage.read(lease.key))
+    assert lease.key == "leases/main/1.json" and "`leases/<timeline>/<g>.json`" in spec_section("Layout")
+    assert set(doc) == set(rows), set(doc) ^ set(rows)  # machine and process_start: Linux, as here
+    assert doc["format"] == LEASE_FORMAT and f'`"{LEASE_FORMAT}"`' in section
+    assert doc["version"] == LEASE_VERSION and f'`"{LEASE_VERSION}"`' in section
+    assert f"(since {LEASE_VERSION})" in section.split("\n", 1)[0]
+    assert f"Ravex: {RENEW_SECONDS:.0f})" in section
+    assert f"(Ravex: {STALE_SECONDS:.0f}; readers cap it at {MAX_STALE_SECONDS:.0f})" in section
+    assert doc["renew_every"] == RENEW_SECONDS and doc["stale_after"] == STALE_SECONDS and doc["released"] is False

@@ -82,6 +82,32 @@ class FsspecStorage(Storage):
         body = bytes(data)
         self._retry("write", key, lambda: self.fs.pipe_file(path, body))
 
+    def create(self, key: str, data: BytesLike) -> bool:
+        """One conditional PUT (``If-None-Match: *``, fsspec's ``mode="create"``) where the file
+        system has one (S3, memory); elsewhere fsspec looks, then writes (the window of
+        :meth:`Storage.create`). A PUT retried after its answer was lost may find its own first
+        try landed: the name holds exactly these bytes then, and the create won."""
+        path = self._path(key)
+        body = bytes(data)
+
+        def put() -> bool:
+            try:
+                self.fs.pipe_file(path, body, mode="create")
+            except FileExistsError:
+                return False
+            except TypeError:  # a file system whose pipe_file takes no mode: look, then write
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, body)
+            return True
+
+        if self._retry("create", key, put):
+            return True
+        try:
+            return self.read(key) == body
+        except FileNotFoundError:
+            return False
+
     def exists(self, key: str) -> bool:
         path = self._path(key)
         return bool(self._retry("exists", key, lambda: self.fs.exists(path)))
