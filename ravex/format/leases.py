@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import clock
 from .errors import LeaseLostError, ManifestError, TimelineBusyError
+from .jsondoc import load_document
 from .names import is_decimal
 
 if TYPE_CHECKING:
@@ -130,10 +131,7 @@ def lease_key(timeline: str, generation: int) -> str:
 
 def parse_lease(data: bytes, key: str) -> Holder:
     """A lease document, checked; a malformed one is a :class:`ManifestError` naming ``key``."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ManifestError(f"{key}: malformed JSON ({type(exc).__name__})") from None
+    doc = load_document(data, key)
     parts = key.split("/")
     ok = (isinstance(doc, dict) and doc.get("format") == LEASE_FORMAT and len(parts) == 3
           and doc.get("timeline") == parts[1] and doc.get("generation") == _generation(parts[2])

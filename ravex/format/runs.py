@@ -22,6 +22,7 @@ from typing import Any
 from . import clock
 from ._version import check_version
 from .errors import ManifestError, UnsafeNameError
+from .jsondoc import load_document
 from .storage import Storage
 from .values import decode_value, encode_value
 
@@ -166,10 +167,7 @@ def read_run(storage: Storage, run: str) -> RunRecord | None:
     except FileNotFoundError:
         return None
     where = f"{storage.url}/{key}"
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ManifestError(f"{where}: malformed JSON ({type(exc).__name__}: {exc})") from None
+    doc = load_document(data, where, detail=True)
     record = RunRecord.from_json(doc, where)
     if record.run != run:
         raise ManifestError(f"{where}: records run {record.run!r}, not {run!r}")

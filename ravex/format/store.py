@@ -19,6 +19,7 @@ from .catalog import StepFiles, StepInfo, StoreCatalog
 from .errors import ManifestError, StepNotFoundError, StoreNotFoundError
 from .gc import DEFAULT_GRACE_SECONDS, GCReport, gc
 from .hashing import HASH_NAME
+from .jsondoc import load_document
 from .names import check_label, is_decimal
 from .reader import StepReader
 from .storage import RetryPolicy, open_storage
@@ -218,10 +219,7 @@ def open_store(
         storage.sync()
         return CheckpointStore(storage, root)
     where = f"{storage.url}/{ROOT_KEY}"
-    try:
-        root = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit int
-        raise ManifestError(f"{where}: malformed JSON ({type(exc).__name__}: {exc})") from None
+    root = load_document(data, where, detail=True)
     if not isinstance(root, dict) or root.get("format") != FORMAT_NAME:
         raise ManifestError(f"{where}: not a Ravex root document (format != {FORMAT_NAME!r})")
     check_version(root.get("version"), where)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import clock
 from .errors import ManifestError, NameTakenError, StepNotFoundError
+from .jsondoc import load_document
 from .names import MAX_LABEL, check_label
 from .timelines import DOC_VERSION, MAIN
 
@@ -48,10 +49,7 @@ def tag_key(name: str) -> str:
 
 def parse_tag(data: bytes, key: str) -> Tag:
     """A tag document, checked; a malformed one is a :class:`ManifestError` naming ``key``."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ManifestError(f"{key}: malformed JSON ({type(exc).__name__})") from None
+    doc = load_document(data, key)
     name = key.rsplit("/", 1)[-1].removesuffix(".json")
     ok = (isinstance(doc, dict) and doc.get("format") == TAG_FORMAT and doc.get("name") == name
           and isinstance(doc.get("timeline"), str) and type(doc.get("step")) is int and doc["step"] >= 0)

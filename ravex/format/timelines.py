@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import clock
 from .errors import ManifestError, NameTakenError, StepNotFoundError
+from .jsondoc import load_document
 from .names import MAIN_STEPS, MAX_LABEL, check_label, is_decimal
 
 if TYPE_CHECKING:
@@ -73,10 +74,7 @@ def check_timeline_name(name: object) -> str:
 
 def parse_timeline(data: bytes, key: str) -> Timeline:
     """A timeline document, checked; a malformed one is a :class:`ManifestError` naming ``key``."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ManifestError(f"{key}: malformed JSON ({type(exc).__name__})") from None
+    doc = load_document(data, key)
     name = key.rsplit("/", 1)[-1].removesuffix(".json")
     ok = (isinstance(doc, dict) and doc.get("format") == TIMELINE_FORMAT and doc.get("name") == name
           and isinstance(doc.get("parent"), str) and type(doc.get("fork_step")) is int and doc["fork_step"] >= 0)
