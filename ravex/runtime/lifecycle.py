@@ -268,8 +268,8 @@ class RavexRuntime(Cadence):
                      "never ran: a range already complete, a condition never met); make the loop run "
                      "while Ravex is active")
         return (f"{cause}. This run trained nothing from the checkpoint, and anything it saved holds "
-                "the state it started with; to start afresh on purpose, set `resume: never` or "
-                "another storage")
+                "the state it started with; to start afresh on purpose, point `storage` at a new "
+                "location (`resume: <step>` forks from another step)")
 
     def _scan_existing(self) -> None:
         """``activate()`` after the model was built: find what already exists (:mod:`.scan`)."""

@@ -132,8 +132,8 @@ def check_loader(where: str, index: int, loader: Any, saved: dict[str, Any]) -> 
 #: Tree formats this Ravex restores: 1 keeps optimizer state by parameter index only.
 _READS = (1, TREE_FORMAT)
 
-_FIX = (" Start a fresh run: point `storage` at a new location, or set `resume: never` "
-        "(RAVEX_RESUME=never).")
+_FIX = (" To start afresh on purpose, point `storage` at a new location (`resume: <step>` "
+        "forks from another step).")
 
 
 def _check_counts(where: str, what: str, live: list[Any], saved: list[Any]) -> None:

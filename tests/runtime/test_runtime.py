@@ -143,7 +143,7 @@ def test_changed_architecture_is_a_clear_error(tmp_path):
     ravex.activate(storage=store)
     model, opt, sched, loader = _objects(width=16)
     with pytest.raises(RestoreError, match=r"model #0 \(Sequential\) tensor '0.weight' has shape \[16, 4\] "
-                                           r"but \[8, 4\].*resume: never"):
+                                           r"but \[8, 4\].*new location"):
         _train(model, opt, sched, loader, epochs=1)
 
 

@@ -41,7 +41,7 @@ def test_a_rerun_that_never_runs_a_step_says_so_once_and_in_status(tmp_path):
     assert len(lines) == 1, second.explain()
     assert "step 3" in lines[0] and str(cwd / "ck") in lines[0], lines[0]
     assert "no forward pass or optimizer step" in lines[0], lines[0]
-    assert "resume: never" in lines[0], lines[0]  # the fix for a deliberate fresh start
+    assert "point `storage` at a new location" in lines[0], lines[0]  # the fix for a deliberate fresh start
     assert second.returncode == 0  # the script's exit status stays the script's
     assert second.stdout[-1] == "RESUME {'found': 3, 'restored': None}", second.explain()
     status = _status(cwd)
@@ -99,7 +99,7 @@ def test_a_checkpoint_that_does_not_fit_stops_the_run_before_its_first_step_in_o
     assert not any(line.startswith("STEP") for line in changed.stdout), changed.explain()
     assert "Traceback" not in changed.stderr, changed.explain()
     told = [line for line in changed.stderr.splitlines() if line.startswith("ravex: checkpoint step 3")]
-    assert len(told) == 1 and "storage" in told[0] and "resume: never" in told[0], changed.explain()
+    assert len(told) == 1 and "point `storage` at a new location" in told[0], changed.explain()
 
 
 def test_a_script_saving_before_any_step_saves_the_checkpoints_state(tmp_path):

@@ -138,7 +138,7 @@ class LoopPosition:
         if moved is not None:
             logger.warning("ravex: checkpoint step %s was taken in the loop at %s, but %s: the "
                            "checkpoint is restored at the first forward pass and the loop starts "
-                           "over (`resume: never` in ravex.yaml starts afresh)", step, describe(script), moved)
+                           "over (a new `storage` starts afresh)", step, describe(script), moved)
             return False
         self.reentry = Reentry(script, restore, lost)
         if script["mode"] == "header":
