@@ -136,6 +136,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 "metadata": reader.metadata,
                 "loss": loss if loss is None or math.isfinite(loss) else repr(loss),
                 "run": reader.manifests[0].run,
+                "ranks": _ranks_json(reader),
                 "run_record": record.to_json() if record is not None else None,
                 "tags": tags,
                 "tensors": [_tensor_json(reader, p) for p in tensors],
@@ -168,6 +169,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ranks_json(reader: StepReader) -> list[dict[str, Any]]:
+    """Each rank's own figures (the log prints one line for the job: its slowest stall and
+    the sums): its stall as recorded in its manifest's metadata, and its commit's bytes."""
+    from ravex.saving.logline import STALL_KEY
+
+    out = []
+    for m in reader.manifests:
+        stall = m.metadata.get(STALL_KEY)
+        out.append({"rank": m.rank, "stall_ms": float(stall) if stall is not None else None,
+                    **{k: m.stats.get(k) for k in ("new_bytes", "reused_bytes", "logical_bytes")}})
+    return out
+
+
 def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
     """The record of the run that wrote the step, or why there is none to show."""
     from ravex.format.errors import RavexError
@@ -197,6 +211,13 @@ def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None
     out.print(f"[bold]{step_name(reader)}[/]  loss [cyan]{number(step_loss(reader.metadata), 8)}[/]  "
               f"run {reader.manifests[0].run}" + (f"  [cyan]tags: {', '.join(tags)}[/]" if tags else ""),
               soft_wrap=True)
+    if reader.world_size > 1:
+        from ravex.saving.logline import size
+
+        for r in _ranks_json(reader):
+            stall = "-" if r["stall_ms"] is None else f"{r['stall_ms']:.1f}"
+            out.print(f"  rank {r['rank']}: stall {stall} ms, {size(r['new_bytes'] or 0)} new, "
+                      f"{size(r['reused_bytes'] or 0)} reused", soft_wrap=True, highlight=False)
     if record is None:
         out.print(f"  [dim]{problem}[/]", soft_wrap=True)
         return

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .logline import ms, stall_text
+from .logline import STALL_KEY, ms, stall_ms, stall_text
 from .plan import Outcomes, SavePlan, SavingSettings
 from .stager import Stager
 from .writer_thread import AsyncSaver, Job
@@ -100,7 +100,9 @@ class CheckpointBackend(ABC):
         staged = self._stager.stage(plan.tree)
         stage = time.perf_counter() - started
         stall = {"wait": wait, "stage": stage}
-        job_plan = dataclasses.replace(plan, tree=staged, metadata=dict(plan.metadata))
+        # each rank's stall goes into its manifest: rank 0's line names the slowest rank from there
+        metadata = {**plan.metadata, STALL_KEY: stall_ms(wait, stage)}
+        job_plan = dataclasses.replace(plan, tree=staged, metadata=metadata)
         self._saver.submit(Job(job_plan, stall, self._stager.nbytes, outcomes))
         return stall
 
@@ -136,9 +138,14 @@ class CheckpointBackend(ABC):
             f"ravex: checkpoint step {job.step}: {stall} | {self._describe(job, result or {})} | "
             f"in background {ms(total)} ms -> {self.url}"
         )
-        logger.info("%s", self.last_line)
+        self._log_line(self.last_line)
         if job.outcomes is not None:
             job.outcomes.succeeded(job.step)
+
+    def _log_line(self, line: str) -> None:
+        """Log this rank's line for a written checkpoint (a backend whose steps span ranks
+        prints one line for the job instead: :meth:`ravex.saving.zarr.ZarrBackend._log_line`)."""
+        logger.info("%s", line)
 
     def flush(self) -> None:
         """Block until every pending checkpoint write has completed (or failed)."""

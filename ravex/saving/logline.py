@@ -1,10 +1,29 @@
-"""The figures of the checkpoint log line: one line per checkpoint, where its time went."""
+"""The figures of the checkpoint log line: one line per checkpoint, where its time went.
+
+With several ranks the job prints one line per checkpoint, not one per rank (64 ranks would
+print 64 lines that differ only in their figures): rank 0, once it sees the step complete,
+reads every rank's manifest header and prints :func:`job_line`. Each rank records its own
+stall in its manifest's metadata (:data:`STALL_KEY`) so that rank 0 can name the slowest
+without a collective on the training thread; its own per-rank line stays in
+``ravex.status()["last_log_line"]`` and at log level DEBUG.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: the manifest metadata member holding the rank's stall (wait + stage) in milliseconds
+STALL_KEY = "stall_ms"
 
 
 def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
+
+
+def size(nbytes: float) -> str:
+    """MiB, or KiB below one MiB (a small job's figures would all read 0.0 MiB)."""
+    return mib(nbytes) if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
 
 
 def ms(seconds: float | None) -> str:
@@ -14,3 +33,42 @@ def ms(seconds: float | None) -> str:
 def stall_text(wait: float, stage: float, staged: str) -> str:
     """What the training loop paid: the wait for the previous write and the copy."""
     return f"stall {ms(wait + stage)} ms (wait {ms(wait)}, stage {ms(stage)}; {staged})"
+
+
+def stall_ms(wait: float, stage: float) -> str:
+    """The stall as :data:`STALL_KEY` records it (metadata values are strings)."""
+    return f"{(wait + stage) * 1000:.1f}"
+
+
+def job_line(step: int, headers: Sequence[Mapping[str, Any]], url: str) -> str:
+    """Rank 0's line for a complete multi-rank step, from its ranks' manifest headers
+    (:func:`ravex.format.summary.read_manifest_header`): the slowest rank's stall and
+    which rank, bytes new and reused summed over the ranks, and how many ranks."""
+
+    def total(name: str) -> int:
+        return sum(int((h.get("stats") or {}).get(name, 0) or 0) for h in headers)
+
+    stalls: dict[int, float] = {}
+    for h in headers:
+        try:
+            stalls[int(h["rank"])] = float((h.get("metadata") or {})[STALL_KEY])
+        except (KeyError, TypeError, ValueError):
+            pass  # a writer that did not record it
+    if stalls:
+        slowest = max(stalls, key=lambda r: stalls[r])
+        stall = f"stall {stalls[slowest]:.1f} ms (slowest: rank {slowest})"
+    else:
+        stall = "stall - ms"
+    return (
+        f"ravex: checkpoint step {step} ({len(headers)} ranks): {stall} | "
+        f"{size(total('new_bytes'))} new, {size(total('reused_bytes'))} reused of "
+        f"{size(total('logical_bytes'))} -> {url}"
+    )
+
+
+def failed_line(step: int, world_size: int, missing: Sequence[int], url: str, why: str) -> str:
+    """Rank 0's line for a multi-rank step that did not complete: which ranks' manifests are missing."""
+    return (
+        f"ravex: checkpoint step {step} ({world_size} ranks) FAILED on ranks {list(missing)} "
+        f"({why}; their own output says why): the step is incomplete, not a resume point -> {url}"
+    )

@@ -2,7 +2,8 @@
 
 A write is the commit of the step's manifest (:meth:`ZarrBackend._commit`) followed by the
 steps that need a committed step, each named: ``refs.json`` of the steps every rank has
-completed (several ranks, rank 0), then retention (rank 0: one GC per store).
+completed and the job's one log line for each (several ranks, rank 0: :meth:`ZarrBackend._settle`),
+then retention (rank 0: one GC per store).
 
 Steps are written to one timeline (spec/FORMAT.md §19): the one a plain rerun continues
 (:meth:`~ravex.format.CheckpointStore.current`), or a new one forked by :meth:`ZarrBackend.resume_point`
@@ -30,11 +31,12 @@ from ravex.format.errors import LeaseLostError
 from ravex.format.leases import Holder, Lease
 from ravex.format.refs import refs_worth_writing, write_refs
 from ravex.format.runs import write_run
+from ravex.format.summary import read_manifest_header
 from ravex.format.timelines import split_ref
 
 from .backend import CheckpointBackend, LoadedStep
 from .load import read_refs
-from .logline import mib, ms
+from .logline import failed_line, job_line, mib, ms
 from .plan import SavingSettings
 from .ranks import place
 from .writer_thread import Job
@@ -43,6 +45,14 @@ logger = logging.getLogger("ravex")
 
 #: Sections of a multi-rank tree that each rank writes for itself (under ``rank-<r>``).
 PER_RANK = ("rng", "loaders", "script")
+
+#: Multi-rank steps rank 0 keeps checking for completeness (the newest ones): an older one still
+#: incomplete is reported failed on its missing ranks.
+PENDING_STEPS = 8
+#: Seconds rank 0 waits at close for the other ranks' last manifests (they flush at exit too):
+#: long enough for a write that ends with the job, short enough that a rank whose write failed
+#: delays the exit little.
+CLOSE_WAIT_S = 5.0
 
 
 class LeaseKeeper:
@@ -106,11 +116,13 @@ class ZarrBackend(CheckpointBackend):
         self.timeline = self.store.current()
         self._writer: Any = None
         self._run_id: str | None = None
-        self._refs_pending: list[int] = []
+        self._pending: list[int] = []  # rank 0: multi-rank steps not yet seen complete
         self._run_recorded = False
         #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree
         self._fork_from: tuple[Any, int] | None = None
         self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
+        #: rank 0, several ranks: the job's line for the newest complete step
+        self.last_job_line: str | None = None
         super().__init__(self.store.url, as_numpy=True, config=config)
 
     def set_run(self, run_id: str | None) -> None:
@@ -168,7 +180,7 @@ class ZarrBackend(CheckpointBackend):
     def _write(self, job: Job) -> dict[str, Any]:
         result: dict[str, Any] = {"stats": self._commit(job)}
         if self.world_size > 1 and self.rank == 0:
-            self._write_refs(job.step)
+            self._settle(job.step)
         if (self.config.keep_last or self.config.keep_every) and self.rank == 0:
             result["gc"] = self._retain(job.step)
         return result
@@ -201,19 +213,65 @@ class ZarrBackend(CheckpointBackend):
         except Exception as exc:
             logger.warning("ravex: the run record was not written (next checkpoint tries again): %s", exc)
 
-    def _write_refs(self, step: int) -> None:
-        """Rank 0 writes ``refs.json`` of the multi-rank steps it has seen complete (a step
-        completes when its slowest rank commits: a pending one is retried next time)."""
-        self._refs_pending = [*self._refs_pending[-7:], step]
-        for pending in list(self._refs_pending):
+    def _settle(self, step: int | None = None) -> None:
+        """Rank 0, several ranks: for each step it wrote that is now complete (a step completes
+        when its slowest rank commits), ``refs.json`` and the job's one log line for it
+        (:func:`~ravex.saving.logline.job_line`, from the ranks' manifest headers: no collective
+        on the training thread). A step still incomplete is checked again after the next write
+        (and at :meth:`close`). Each rank writes its steps in order, one at a time, so a rank
+        that wrote a later complete step finished this one: an incomplete step older than a
+        complete one, or beyond the newest :data:`PENDING_STEPS`, failed on its missing ranks."""
+        if step is not None:
+            self._pending.append(step)
+        newest = -1
+        for pending in list(self._pending):
             try:
-                if self.timeline.step_info(pending).complete:
-                    if refs_worth_writing(self.timeline, pending):
-                        write_refs(self.timeline, pending)
-                    self._refs_pending.remove(pending)
-            except Exception as exc:  # the step is readable without it
-                logger.warning("ravex: refs.json of step %d not written: %s", pending, exc)
-                self._refs_pending.remove(pending)
+                complete = self.timeline.step_info(pending).complete
+            except Exception as exc:
+                logger.warning("ravex: step %d: whether every rank wrote it is unknown: %s", pending, exc)
+                self._pending.remove(pending)
+                continue
+            if complete:
+                self._pending.remove(pending)
+                newest = max(newest, pending)
+                self._complete(pending)
+        for pending in list(self._pending):
+            if pending < newest:
+                self._failed(pending, f"step {newest} is complete")
+            elif len(self._pending) > PENDING_STEPS:
+                self._failed(pending, f"{PENDING_STEPS} newer checkpoints were written since")
+
+    def _complete(self, step: int) -> None:
+        try:
+            if refs_worth_writing(self.timeline, step):
+                write_refs(self.timeline, step)
+        except Exception as exc:  # the step is readable without it
+            logger.warning("ravex: refs.json of step %d not written: %s", step, exc)
+        try:
+            headers = [read_manifest_header(self.timeline, step, r) for r in range(self.world_size)]
+        except Exception as exc:  # informative only
+            logger.info("ravex: checkpoint step %d (%d ranks) complete -> %s (figures unread: %s)",
+                        step, self.world_size, self.url, exc)
+            return
+        self.last_job_line = job_line(step, headers, self.url)
+        logger.info("%s", self.last_job_line)
+
+    def _failed(self, step: int, why: str) -> None:
+        self._pending.remove(step)
+        try:
+            ranks = set(self.timeline.step_info(step).ranks)
+        except Exception:
+            ranks = set()
+        missing = sorted(set(range(self.world_size)) - ranks)
+        logger.warning("%s", failed_line(step, self.world_size, missing, self.url, why))
+
+    def _log_line(self, line: str) -> None:
+        """Several ranks: this rank's line only at DEBUG (it stays ``ravex.status()``'s
+        ``last_log_line``); rank 0 prints the job's line once the step is complete (:meth:`_settle`)."""
+        if self.world_size > 1:
+            logger.debug("%s", line)
+        else:
+            super()._log_line(line)
 
     def _retain(self, step: int) -> float:
         """Retention (``keep_last``/``keep_every``): the store's GC; its seconds. A failure
@@ -245,6 +303,14 @@ class ZarrBackend(CheckpointBackend):
 
     def close(self) -> None:
         super().close()
+        if self._pending:  # rank 0, several ranks: the last steps' lines, once the others finish
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            self._settle()
+            while self._pending and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling storage: the other ranks' manifests have no other signal
+                self._settle()
+            for step in list(self._pending):
+                self._failed(step, f"not complete {CLOSE_WAIT_S:.0f} s after rank 0's last write")
         self._drop_writer()
         self._release()
 

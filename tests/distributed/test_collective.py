@@ -107,3 +107,8 @@ def test_one_ranks_broken_storage_makes_every_rank_skip_checkpoints(tmp_path):
     steps = _steps(cwd)
     assert all(ranks == {0} for ranks in steps.values()), steps  # rank 1 wrote nothing
     assert len(steps) <= 6, f"rank 0 kept writing while rank 1 could not: {sorted(steps)}"  # ~4 tries + exit
+    # rank 0's one line per checkpoint names the rank that failed it, and no step as written
+    failed = [ln for ln in run.stderr.splitlines()
+              if ln.startswith("ravex: checkpoint step ") and "FAILED on ranks [1]" in ln]
+    assert sorted(int(ln.split()[3]) for ln in failed) == sorted(steps), run.stderr[-3000:]
+    assert "(2 ranks): stall" not in run.stderr
