@@ -182,7 +182,10 @@ class Cadence(Resume):
             return
         if due and self.loop_position.past_loop(frame) is not None:
             self._clear_forward_hook()
-            self._boundary(None)  # the training is over: taken here, past it (_script_position)
+            try:
+                self._boundary(None)  # the training is over: taken here, past it (_script_position)
+            finally:
+                self.loop_position.after = None  # not left for a later checkpoint, if this one was skipped
             return
         self._await_next_forward()
 
