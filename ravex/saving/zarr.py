@@ -27,7 +27,9 @@ from typing import Any, ClassVar
 
 from ravex.format import RavexError, open_store
 from ravex.format.errors import LeaseLostError
+from ravex.format.handoff import adopt_step, newest_own_step, pack_step, payload_timeline
 from ravex.format.leases import Holder, Lease
+from ravex.format.reader import RankReader
 from ravex.format.refs import refs_worth_writing, write_refs
 from ravex.format.runs import write_run
 from ravex.format.timelines import split_ref
@@ -111,6 +113,7 @@ class ZarrBackend(CheckpointBackend):
         #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree
         self._fork_from: tuple[Any, int] | None = None
         self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
+        self._handed: tuple[int, Any] | None = None  # (step, its timeline's view) rank 0 handed over
         super().__init__(self.store.url, as_numpy=True, config=config)
 
     def set_run(self, run_id: str | None) -> None:
@@ -327,7 +330,10 @@ class ZarrBackend(CheckpointBackend):
         """One process and a one-process step: the tree with its tensors as ``ArrayRef``
         leaves, for the runtime to read straight into the live tensors. Otherwise this rank's
         view (its own per-rank state read, the rest left for the runtime: :class:`LoadedStep`)."""
-        owner, number = self.timeline.locate(step)
+        if self._handed is not None and self._handed[0] == step:
+            owner, number = self._handed[1], step  # rank 0's manifests, pinned: no request
+        else:
+            owner, number = self.timeline.locate(step)
         if world_size == 1 and owner.step_info(number).world_size == 1:
             tree = owner.open_step(number).tree(0)
             if "distributed" not in tree:
@@ -344,3 +350,38 @@ class ZarrBackend(CheckpointBackend):
                 tree.pop(k, None)
         tree.update(read_refs(per_rank))  # (one reader: the refs all come from reader.tree)
         return LoadedStep(tree, reader, saved_world, src)
+
+    # ── several ranks: O(1) requests per rank at a resume (rank 0 reads, the others are told) ──
+
+    def newest_step_guess(self, rank: int) -> int | None:
+        """The newest step whose folder lists every rank (:func:`~ravex.format.handoff.newest_own_step`:
+        two listings and this rank's manifest, whatever the world size). On a forked timeline,
+        its lineage's newest complete step (every manifest read, as before)."""
+        if self.timeline.timeline.parent is not None:
+            return self.latest_step()
+        return newest_own_step(self.timeline, rank)
+
+    def peek_step(self, step: int, rank: int, world_size: int) -> LoadedStep | None:
+        """This rank's own sections of ``step`` from its manifest alone (one request): its loop
+        position, before the ranks agree. Tensors other ranks wrote are None in the tree."""
+        if self.timeline.timeline.parent is not None:
+            return self.read_step(step, rank, world_size)
+        reader = RankReader(self.timeline, step, rank)
+        tree = dict(reader.tree(rank))
+        per_rank = tree.pop(f"rank-{rank}", None)
+        if per_rank is None:
+            per_rank = {k: tree.pop(k) for k in PER_RANK if k in tree}
+        tree.update(per_rank)
+        return LoadedStep(tree, reader, reader.world_size, rank)
+
+    def hand_over(self, step: int) -> bytes:
+        """Rank 0: every manifest of ``step`` in one payload (:func:`~ravex.format.handoff.pack_step`)."""
+        owner, number = self.timeline.locate(step)
+        return pack_step(owner, number)
+
+    def take_over(self, payload: bytes) -> None:
+        """Pin rank 0's manifests on the view of the timeline that holds the step: the
+        :meth:`read_step` that follows asks storage for none of them."""
+        name, _ = payload_timeline(payload)
+        owner = self.timeline if name == self.timeline.timeline.name else self.timeline.on_timeline(name)
+        self._handed = (adopt_step(owner, payload), owner)
