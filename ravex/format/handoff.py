@@ -36,8 +36,14 @@ def pack_step(catalog: StoreCatalog, step: int) -> bytes:
     if not info.complete:
         raise StepNotFoundError(f"step {step} of {catalog.url!r} is not complete ({info.problem})")
     world = info.world_size or 1
-    parts = [catalog.manifest(step, r).to_bytes() for r in range(world)]
-    head = json.dumps({"timeline": catalog.timeline.name, "step": step, "sizes": [len(p) for p in parts]})
+    return pack_manifests(catalog.timeline.name, step, [catalog.manifest(step, r) for r in range(world)])
+
+
+def pack_manifests(timeline: str, step: int, manifests: list[Manifest]) -> bytes:
+    """The payload of ``step``'s manifests (every rank's, rank 0 first) as a reader holds them:
+    rank 0 packs what it already read, with no request."""
+    parts = [m.to_bytes() for m in manifests]
+    head = json.dumps({"timeline": timeline, "step": step, "sizes": [len(p) for p in parts]})
     return b"".join([MAGIC, head.encode(), b"\n", *parts])
 
 
