@@ -81,6 +81,7 @@ class Resume:
         self._early_rng: dict[str, Any] | None = None  # restored before the loop position: its RNG streams
         self._reentry_step: int | None = None  # the step whose loop position the rerun goes back to
         self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
+        self._handed_over = False  # several ranks: this rank read the step with rank 0's manifests
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -327,6 +328,7 @@ class Resume:
         if self.rank != 0 and payload:
             try:
                 backend.take_over(payload)
+                self._handed_over = True
             except Exception as exc:
                 logger.warning("ravex: rank 0's manifests of step %d were not usable here (%s: %s); "
                                "reading them from storage", step, type(exc).__name__, exc)
@@ -370,8 +372,9 @@ class Resume:
         self.step = int(tree["ravex"]["step"])
         self.last_checkpoint_step = self.step
         self._resume_tree = None  # the tensors now live in the model; drop the copy
-        logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
+        logger.info("ravex: resumed from step %d of %s (read %.1f ms%s, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
+                    ", the manifests from rank 0" if self._handed_over else "",
                     (time.perf_counter() - started) * 1000)
         main_file = position.main_file()
         if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
