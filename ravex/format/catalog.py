@@ -78,6 +78,8 @@ class StoreCatalog:
         self._sizes: dict[tuple[int, int], int] = {}  # estimated bytes of each (see _parsed_bytes)
         self._cached_bytes = 0
         self._lock = threading.Lock()
+        #: one step's manifests handed over by rank 0 (:mod:`.handoff`): answered without a request
+        self._pinned: dict[int, dict[int, Manifest]] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -116,6 +118,9 @@ class StoreCatalog:
     def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
         """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
         listing found there) and reads its manifests (cached once the step is complete)."""
+        pinned = self._pinned.get(step)
+        if ranks is None and pinned is not None:
+            ranks = list(pinned)
         ranks = sorted(ranks) if ranks is not None else manifest_ranks(self.storage.list_dir(self.step_dir(step)))
         if not ranks:
             return StepInfo(step, None, (), False, "no manifest")
@@ -194,7 +199,7 @@ class StoreCatalog:
 
     def manifest(self, step: int, rank: int) -> Manifest:
         """Parse one manifest (cached once its step is known to be immutable)."""
-        cached = self.cached_manifest(step, rank)
+        cached = self._pinned.get(step, {}).get(rank) or self.cached_manifest(step, rank)
         if cached is not None:
             return cached
         where = f"step {step} rank {rank}" if self.timeline.name == MAIN else f"{self.timeline.name}@{step} rank {rank}"
@@ -207,6 +212,14 @@ class StoreCatalog:
         if m.step != step or m.rank != rank:
             raise ManifestError(f"{where}: manifest says step {m.step} rank {m.rank}")
         return m
+
+    def pin_step(self, step: int, manifests: list[Manifest]) -> None:
+        """Hold every manifest of ``step`` as rank 0 read them (:func:`.handoff.adopt_step`):
+        its completeness and its manifests then cost no request, whatever the world size, and
+        none is evicted (a job of 10,000 ranks outgrows the cache). One step at a time: the
+        one a resume is reading."""
+        with self._lock:
+            self._pinned = {step: {m.rank: m for m in manifests}}
 
     def cached_manifest(self, step: int, rank: int) -> Manifest | None:
         """The parsed manifest if this store holds it (marked recently used), else None."""
@@ -234,6 +247,7 @@ class StoreCatalog:
 
     def forget(self, step: int) -> None:
         with self._lock:
+            self._pinned.pop(step, None)
             for key in [k for k in self._manifests if k[0] == step]:
                 self._drop(key)
 

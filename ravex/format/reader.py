@@ -398,6 +398,42 @@ class StepReader:
         return self.manifests[rank]
 
 
+class RankReader(StepReader):
+    """One rank's own manifest of a step, alone: what that rank wrote by itself (its per-rank
+    sections: RNG streams, loaders, loop position), read with one request whatever the world
+    size. Never a sharded or replicated tensor: their chunks are spread over other ranks'
+    manifests, which this reader does not hold. Completeness is not checked (it would read
+    every rank's manifest); a rank uses it before the ranks agree on the step."""
+
+    def __init__(self, store: StoreCatalog, step: int, rank: int) -> None:
+        self.store = store
+        self.step = step
+        self.rank = rank
+        own = store.manifest(step, rank)
+        self.world_size = own.world_size
+        self.manifests = [own]
+        self.arrays = merge_arrays([own])
+
+    def tree(self, rank: int = 0) -> Any:
+        """``rank``'s state tree; a tensor this manifest does not hold is None (another rank
+        wrote it), one it holds an :class:`ArrayRef` over this rank's chunks only."""
+        where = f"step {self.step} rank {rank}"
+        m = self._manifest(rank)
+
+        def on_array(path: str) -> ArrayRef | None:
+            return ArrayRef(self, path) if path in self.arrays else None
+
+        try:
+            return decode_value(m.tree, on_array, where)
+        except RecursionError:
+            raise ManifestError(f"{where}: state tree nested too deeply") from None
+
+    def _manifest(self, rank: int) -> Manifest:
+        if rank != self.rank:
+            raise ArrayNotFoundError(f"step {self.step}: this reader holds rank {self.rank}'s manifest, not {rank}'s")
+        return self.manifests[0]
+
+
 SPAN_SLACK = 1 << 20
 """A pack's chunks are read in one range when it holds little else: at most twice their bytes
 plus this. A hostile manifest (offsets far apart) then cannot make one read ask for a petabyte."""

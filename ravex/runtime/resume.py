@@ -81,12 +81,16 @@ class Resume:
         self._early_rng: dict[str, Any] | None = None  # restored before the loop position: its RNG streams
         self._reentry_step: int | None = None  # the step whose loop position the rerun goes back to
         self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
+        self._handed_over = False  # several ranks: this rank read the step with rank 0's manifests
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
         if resume == "never" or self.backend is None:
             return
-        if resume == "auto":
+        if resume == "auto" and self._follows():  # rank 0 lists; this rank guesses for its position
+            newest = self.backend.newest_step_guess(self.rank)
+            self._candidates = [] if newest is None else [newest]
+        elif resume == "auto":
             self._candidates = sorted(self.backend.complete_steps(), reverse=True)
         else:  # an older step of a timeline forks a new one for this run's steps (spec §19)
             self._candidates = [self.backend.resume_point(resume)]
@@ -99,6 +103,12 @@ class Resume:
                 self._triggers = patches.install_restore_triggers(self, forward=False)
             else:
                 self._triggers = patches.install_restore_triggers(self)
+
+    def _follows(self) -> bool:
+        """Several ranks, ``resume: auto``, not rank 0: this rank lets rank 0 decide which steps
+        are complete and hand it the chosen step's manifests, and reads only what it alone
+        wrote before that, so its requests do not grow with the world size (docs/SCALE.md)."""
+        return self.world_size > 1 and self.rank != 0 and self.config.resume == "auto"
 
     def _claim_timeline(self) -> None:
         """At activation, once the timeline this run writes is known: take it for this run
@@ -167,6 +177,15 @@ class Resume:
         """Several ranks: this rank's script position in ``step`` (read once; the rest of the
         step is resolved against the live objects at the restore). None where the step was
         written at another world size (the positions of other ranks do not carry over)."""
+        if self._follows():  # its own manifest alone: one request
+            assert self.backend is not None
+            try:
+                own = self.backend.peek_step(step, self.rank, self.world_size)
+            except Exception:  # unreadable: the agreed step is read (or falls back) later
+                return None
+            if own is None or own.saved_world_size != self.world_size or "script" not in own.tree:
+                return None
+            return {"script": read_refs(own.tree["script"]), "loops": own.tree.get("loops")}
         self._written_by_several(step)
         loaded = self._peeked[1] if self._peeked is not None and self._peeked[0] == step else None
         if loaded is None or loaded.saved_world_size != self.world_size or "script" not in loaded.tree:
@@ -238,6 +257,8 @@ class Resume:
             candidates = self._agree_on_steps(backend, candidates)
         for i, step in enumerate(candidates):
             started = time.perf_counter()
+            if self.world_size > 1:
+                self._hand_over(backend, step)
             try:
                 peeked, self._peeked = self._peeked, None
                 loaded = peeked[1] if peeked is not None and peeked[0] == step else backend.read_step(
@@ -284,12 +305,33 @@ class Resume:
                 if dropped:
                     logger.info("ravex: dropped incomplete steps %s (a crashed run's partial writes)",
                                 dropped)
-        agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size)
+        agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size,
+                                                    follow=self.config.resume == "auto")
         backend.set_run(run_id)
         if backend.fork_pending:
             backend.fork_agreed(self.rank, collectives.all_ok)
         self._run_agreed = True
         return agreed
+
+    def _hand_over(self, backend: CheckpointBackend, step: int) -> None:
+        """Several ranks, before each reads ``step``: rank 0 (which read every manifest of it to
+        know it complete) broadcasts them, and every other rank reads the step with no request
+        for what another rank wrote. Collective on every rank; when rank 0 cannot pack them, or
+        a rank cannot take them, that rank reads the step from storage as before."""
+        payload = b""
+        if self.rank == 0:
+            try:
+                payload = backend.hand_over(step)
+            except Exception as exc:  # the others read the step themselves
+                logger.debug("ravex: step %d not handed over (%s: %s)", step, type(exc).__name__, exc)
+        payload = collectives.broadcast_bytes(payload)
+        if self.rank != 0 and payload:
+            try:
+                backend.take_over(payload)
+                self._handed_over = True
+            except Exception as exc:
+                logger.warning("ravex: rank 0's manifests of step %d were not usable here (%s: %s); "
+                               "reading them from storage", step, type(exc).__name__, exc)
 
     def before_user_save(self) -> None:
         """``torch.save`` by the script: a checkpoint this run found and has not restored yet
@@ -330,8 +372,9 @@ class Resume:
         self.step = int(tree["ravex"]["step"])
         self.last_checkpoint_step = self.step
         self._resume_tree = None  # the tensors now live in the model; drop the copy
-        logger.info("ravex: resumed from step %d of %s (read %.1f ms, restore %.1f ms)",
+        logger.info("ravex: resumed from step %d of %s (read %.1f ms%s, restore %.1f ms)",
                     self.step, self.backend.url, self._load_seconds * 1000,
+                    ", the manifests from rank 0" if self._handed_over else "",
                     (time.perf_counter() - started) * 1000)
         main_file = position.main_file()
         if tree.get("script", {}).get("mode") in ("head", "header") and main_file:

@@ -201,6 +201,24 @@ class CheckpointBackend(ABC):
         tree = self.load_step(step)
         return None if tree is None else LoadedStep(tree)
 
+    def newest_step_guess(self, rank: int) -> int | None:
+        """A rank other than 0, before the ranks can talk: the step it will most likely resume
+        (rank 0 decides when they agree), found cheaply. Default: the newest complete step."""
+        return self.latest_step()
+
+    def peek_step(self, step: int, rank: int, world_size: int) -> LoadedStep | None:
+        """A rank other than 0: its own per-rank sections of ``step`` (its loop position),
+        before the ranks agree. Default: :meth:`read_step`."""
+        return self.read_step(step, rank, world_size)
+
+    def hand_over(self, step: int) -> bytes:
+        """Rank 0: what every other rank needs to read ``step`` without reading what the
+        other ranks wrote (broadcast by the runtime, :meth:`take_over`). Default: nothing."""
+        return b""
+
+    def take_over(self, payload: bytes) -> None:  # noqa: B027 - only the format hands steps over
+        """Every other rank: adopt rank 0's :meth:`hand_over` before :meth:`read_step`."""
+
     def latest_step(self) -> int | None:
         steps = self.complete_steps()
         return steps[-1] if steps else None

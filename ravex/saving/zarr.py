@@ -28,7 +28,9 @@ from typing import Any, ClassVar
 
 from ravex.format import RavexError, open_store
 from ravex.format.errors import LeaseLostError
+from ravex.format.handoff import adopt_step, newest_own_step, pack_manifests, payload_timeline
 from ravex.format.leases import Holder, Lease
+from ravex.format.reader import RankReader
 from ravex.format.refs import refs_worth_writing, write_refs
 from ravex.format.runs import write_run
 from ravex.format.summary import read_manifest_header
@@ -123,6 +125,10 @@ class ZarrBackend(CheckpointBackend):
         self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
         #: rank 0, several ranks: the job's line for the newest complete step
         self.last_job_line: str | None = None
+        self._handed: tuple[int, Any] | None = None  # (step, its timeline's view) rank 0 handed over
+        #: (step, its timeline's view, its reader) of the last multi-rank read_step: read again
+        #: (the load after the loop-position peek) or handed over, it costs no request
+        self._last_read: tuple[int, Any, Any] | None = None
         super().__init__(self.store.url, as_numpy=True, config=config)
 
     def set_run(self, run_id: str | None) -> None:
@@ -168,6 +174,10 @@ class ZarrBackend(CheckpointBackend):
     # ── writing (writer thread) ─────────────────────────────────────────
 
     def _make_writer(self) -> Any:
+        # the resume is read: its W manifests need not stay in memory for the whole run
+        if self._handed is not None:
+            self._handed[1].forget(self._handed[0])
+        self._handed = self._last_read = None
         kwargs: dict[str, Any] = {
             "rank": self.rank, "world_size": self.world_size,
             "compression": self.config.compression, "delta": self.config.delta,
@@ -393,12 +403,22 @@ class ZarrBackend(CheckpointBackend):
         """One process and a one-process step: the tree with its tensors as ``ArrayRef``
         leaves, for the runtime to read straight into the live tensors. Otherwise this rank's
         view (its own per-rank state read, the rest left for the runtime: :class:`LoadedStep`)."""
-        owner, number = self.timeline.locate(step)
+        if self._handed is not None and self._handed[0] == step:
+            owner, number = self._handed[1], step  # rank 0's manifests, pinned: no request
+        elif self._last_read is not None and self._last_read[0] == step:
+            owner, number = self._last_read[1], step  # read already: known complete
+        else:
+            owner, number = self.timeline.locate(step)
         if world_size == 1 and owner.step_info(number).world_size == 1:
             tree = owner.open_step(number).tree(0)
             if "distributed" not in tree:
                 return LoadedStep(tree)
-        reader = owner.open_step(number)
+        last = self._last_read
+        if last is not None and last[0] == step and last[1] is owner:
+            reader = last[2]
+        else:
+            reader = owner.open_step(number)
+            self._last_read = (step, owner, reader)
         saved_world = reader.world_size
         src = rank if rank < saved_world else 0
         tree = dict(reader.tree(src))
@@ -410,3 +430,43 @@ class ZarrBackend(CheckpointBackend):
                 tree.pop(k, None)
         tree.update(read_refs(per_rank))  # (one reader: the refs all come from reader.tree)
         return LoadedStep(tree, reader, saved_world, src)
+
+    # ── several ranks: O(1) requests per rank at a resume (rank 0 reads, the others are told) ──
+
+    def newest_step_guess(self, rank: int) -> int | None:
+        """The newest step whose folder lists every rank (:func:`~ravex.format.handoff.newest_own_step`:
+        two listings and this rank's manifest, whatever the world size). On a forked timeline,
+        its lineage's newest complete step (every manifest read, as before)."""
+        if self.timeline.timeline.parent is not None:
+            return self.latest_step()
+        return newest_own_step(self.timeline, rank)
+
+    def peek_step(self, step: int, rank: int, world_size: int) -> LoadedStep | None:
+        """This rank's own sections of ``step`` from its manifest alone (one request): its loop
+        position, before the ranks agree. Tensors other ranks wrote are None in the tree."""
+        if self.timeline.timeline.parent is not None:
+            return self.read_step(step, rank, world_size)
+        reader = RankReader(self.timeline, step, rank)
+        tree = dict(reader.tree(rank))
+        per_rank = tree.pop(f"rank-{rank}", None)
+        if per_rank is None:
+            per_rank = {k: tree.pop(k) for k in PER_RANK if k in tree}
+        tree.update(per_rank)
+        return LoadedStep(tree, reader, reader.world_size, rank)
+
+    def hand_over(self, step: int) -> bytes:
+        """Rank 0: every manifest of ``step`` in one payload (:func:`~ravex.format.handoff.pack_manifests`),
+        from the reader its own read of the step opened (no request when it read it already)."""
+        last = self._last_read
+        if last is None or last[0] != step:
+            self.read_step(step, 0, self.world_size)
+            last = self._last_read
+        assert last is not None
+        return pack_manifests(last[1].timeline.name, step, last[2].manifests)
+
+    def take_over(self, payload: bytes) -> None:
+        """Pin rank 0's manifests on the view of the timeline that holds the step: the
+        :meth:`read_step` that follows asks storage for none of them."""
+        name, _ = payload_timeline(payload)
+        owner = self.timeline if name == self.timeline.timeline.name else self.timeline.on_timeline(name)
+        self._handed = (adopt_step(owner, payload), owner)

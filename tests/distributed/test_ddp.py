@@ -42,6 +42,8 @@ def test_sigkill_resume_is_bitwise_and_replicated_state_written_once(tmp_path, r
     out = tmp_path / "final.pt"
     second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
     _check_resumed(second, ref, ref_state, out, expect=4)
+    # rank 1 read no manifest of rank 0's: rank 0 handed them over (issue 24)
+    assert second.stderr.count("the manifests from rank 0") == 1, second.explain()
 
     store = open_store(cwd / "ckpt")
     assert {8, 12, 16} <= set(store.complete_steps())  # keep_last 3; GC may lag one step

@@ -9,9 +9,12 @@ checkpoint), right after an optimizer step every so often when a time-based chec
 signal may be pending (:class:`Poll`), and once after the flush of the checkpoint that ends
 the job on an agreed signal (no rank exits before all have flushed).
 
-Resume: every rank lists its complete steps; rank 0 broadcasts its fresh run id and its
-newest complete steps, a MIN all-reduce of "I hold it" marks keeps those every rank holds
-(two fixed-size collectives), and the newest of them is tried first (:func:`agree_on_steps`).
+Resume: rank 0 alone lists the complete steps (reading every rank's manifests); it broadcasts
+its fresh run id and its newest complete steps, a MIN all-reduce of "I hold it" marks keeps those
+every rank holds (two fixed-size collectives), and the newest of them is tried first
+(:func:`agree_on_steps`). Rank 0 then hands the chosen step's manifests to every rank
+(:func:`broadcast_bytes`), so no other rank reads what another wrote: the requests a rank makes
+to find and load its step do not grow with the world size (docs/SCALE.md).
 """
 
 from __future__ import annotations
@@ -145,7 +148,31 @@ def _run_id_str(hi: int, lo: int) -> str:
     return f"{((hi & ((1 << 64) - 1)) << 64) | (lo & ((1 << 64) - 1)):032x}"
 
 
-def agree_on_steps(candidates: list[int], rank: int, world: int) -> tuple[list[int], str | None]:
+def broadcast_bytes(payload: bytes) -> bytes:
+    """Rank 0's ``payload`` on every rank (two broadcasts: its length, then its bytes); the
+    payload unchanged alone. Empty on rank 0 is empty everywhere (one broadcast)."""
+    dist = initialized()
+    if dist is None or dist.get_world_size() == 1:
+        return payload
+    import torch
+
+    device = _device(dist)
+    rank0 = dist.get_rank() == 0
+    size = torch.tensor([len(payload) if rank0 else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    n = int(size.item())
+    if n == 0:
+        return b""
+    if rank0:
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=0)
+    return payload if rank0 else bytes(buf.cpu().numpy().tobytes())
+
+
+def agree_on_steps(candidates: list[int], rank: int, world: int,
+                   follow: bool = False) -> tuple[list[int], str | None]:
     """The resume candidates every rank holds, newest first, and the run id every rank's
     manifests carry (rank 0's fresh one).
 
@@ -154,6 +181,10 @@ def agree_on_steps(candidates: list[int], rank: int, world: int) -> tuple[list[i
     which of them it holds too, and a MIN all-reduce of those marks leaves the steps every
     rank holds. No rank writes before these collectives, so rank 0 may drop a crashed run's
     partial steps just before them.
+
+    ``follow``: the ranks other than 0 did not list the steps (they would read every rank's
+    manifests to: ``W`` requests each); they take rank 0's steps as held, and a step one of them
+    then cannot read is dropped by the read's own agreement (``all_ok``), as a corrupt one is.
     """
     dist = initialized()
     if dist is None or dist.get_world_size() == 1:
@@ -176,11 +207,11 @@ def agree_on_steps(candidates: list[int], rank: int, world: int) -> tuple[list[i
     values = head.tolist()
     run_id = _run_id_str(values[0], values[1])
     offered = values[3:3 + values[2]]
-    held = set(candidates)
+    held = set(offered) if follow and rank != 0 else set(candidates)
     marks = torch.tensor([1 if s in held else 0 for s in offered] or [1], dtype=torch.int8, device=device)
     dist.all_reduce(marks, op=dist.ReduceOp.MIN)
     agreed = [s for s, ok in zip(offered, marks.tolist(), strict=False) if ok]
-    if candidates and (not agreed or agreed[0] != max(candidates)):
+    if candidates and not (follow and rank != 0) and (not agreed or agreed[0] != max(candidates)):
         logger.warning("ravex: rank %d sees step %s but not every rank does; resuming from %s",
                        rank, max(candidates), agreed[0] if agreed else "nothing (fresh start)")
     return agreed, run_id
