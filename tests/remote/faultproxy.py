@@ -321,7 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
         if status in (500, 503):
             self.send_header("Retry-After", "0")
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a HEAD response has no body (S3's neither): a client reads the next response there
+            self.wfile.write(body)
 
     def _reset(self) -> None:
         """Close with RST instead of FIN: the client sees 'connection reset by peer'."""
