@@ -115,7 +115,7 @@ class Resume:
         (spec §21), stopping the run (:class:`TimelineBusyError`, one line naming the run that
         holds it) when another still writes it. Storage that fails now is tried again before the
         first write (:meth:`_prepare_writes`)."""
-        if self.backend is None:
+        if self.backend is None or collectives.launched_child():
             return
         try:
             self.backend.claim()

@@ -47,6 +47,14 @@ def _torchrun() -> tuple[int, int]:
     return (rank, world) if world > 1 and 0 <= rank < world else (0, 1)
 
 
+def launched_child() -> bool:
+    """A rank other than the first that a framework's own launcher started (Lightning's DDP
+    subprocesses set ``LOCAL_RANK``/``NODE_RANK`` but no ``RANK``): it runs the same script,
+    so it must not act as the job's only process (take the timeline's lease, say things once)."""
+    env = os.environ
+    return "RANK" not in env and (env.get("LOCAL_RANK", "0") != "0" or env.get("NODE_RANK", "0") != "0")
+
+
 def get_rank() -> int:
     """This process's rank: torch.distributed's, torchrun's ``RANK`` before that, else 0."""
     dist = initialized()

@@ -40,16 +40,24 @@ def is_user(frame: FrameType) -> bool:
     """A frame running the user's own code: the main script, or a module of theirs (one not
     in the standard library, an installed distribution or Ravex; a package installed
     editable lives in the user's tree and counts as theirs). Its loops are the ones a rerun
-    must resume."""
-    return is_main(frame) or user_code(frame.f_code)
+    must resume. A tool's ``__main__`` (``python -m pytest``) is not the user's script: under
+    it, the outermost frame of the user's code is a test function, not a script."""
+    if is_main(frame):  # a script, or a console script without .py; not pytest's or another tool's __main__
+        return not _installed_file(frame.f_code.co_filename)
+    return user_code(frame.f_code)
 
 
 @functools.lru_cache(maxsize=4096)
 def _user_file(filename: str) -> bool:
     if not filename or filename.startswith("<") or not filename.endswith(".py"):
         return False
+    return not _installed_file(filename)
+
+
+def _installed_file(filename: str) -> bool:
+    """A file of the standard library, an installed distribution or Ravex."""
     path = os.path.realpath(filename)
-    return not any(path == root or path.startswith(root + os.sep) for root in _installed_roots())
+    return any(path == root or path.startswith(root + os.sep) for root in _installed_roots())
 
 
 @functools.lru_cache(maxsize=1)
