@@ -152,9 +152,7 @@ class RavexRuntime(Cadence):
                 self._report_resume()
         finally:
             self.enabled = False
-            for handle in self._triggers:
-                handle.remove()
-            self._triggers.clear()
+            self.drop_triggers()
             self._keepalive.clear()
             self._clear_forward_hook()
             self.loop_position.stop()
@@ -204,9 +202,7 @@ class RavexRuntime(Cadence):
         logger.info("ravex: %s; Ravex's own checkpoints stand down", why)
         self.enabled = False
         self._candidates = []
-        for handle in self._triggers:
-            handle.remove()
-        self._triggers.clear()
+        self.drop_triggers()
         self._clear_forward_hook()
         self.loop_position.stop()
         self._restore_signals()

@@ -183,11 +183,13 @@ class Resume:
                 own = self.backend.peek_step(step, self.rank, self.world_size)
             except Exception:  # unreadable: the agreed step is read (or falls back) later
                 return None
-            if own is None or own.saved_world_size != self.world_size or "script" not in own.tree:
-                return None
-            return {"script": read_refs(own.tree["script"]), "loops": own.tree.get("loops")}
+            return self._position_in(own)
         self._written_by_several(step)
-        loaded = self._peeked[1] if self._peeked is not None and self._peeked[0] == step else None
+        return self._position_in(self._peeked[1] if self._peeked is not None and self._peeked[0] == step else None)
+
+    def _position_in(self, loaded: Any) -> dict[str, Any] | None:
+        """This rank's script position (and wrapped-loop positions) in a step read with
+        ``read_step``/``peek_step``; None where it has none or was written at another world size."""
         if loaded is None or loaded.saved_world_size != self.world_size or "script" not in loaded.tree:
             return None
         return {"script": read_refs(loaded.tree["script"]), "loops": loaded.tree.get("loops")}
@@ -207,6 +209,12 @@ class Resume:
         self._several[step] = loaded is not None and loaded.reader is not None
         return self._several[step]
 
+    def drop_triggers(self) -> None:
+        """Remove the hooks that restore before the first forward pass or optimizer step."""
+        for handle in self._triggers:
+            handle.remove()
+        self._triggers.clear()
+
     def drop_enumerate(self) -> None:
         """The resumed epoch is running: ``enumerate`` is the builtin again."""
         self.loop_position.drop_enumerate()
@@ -219,9 +227,7 @@ class Resume:
         finished = reentry is not None and reentry.mode == "after"
         if finished and reentry is not None and reentry.script["frames"][-1]["after"]["line"] is None:
             self._restored = True  # nothing of the script follows its training: nothing to restore into
-            for handle in self._triggers:
-                handle.remove()
-            self._triggers.clear()
+            self.drop_triggers()
             logger.warning("ravex: this run had finished at step %s and nothing of the script follows "
                            "its training: exiting without training again", self.resumed_from)
             return
@@ -357,9 +363,7 @@ class Resume:
         if self._restored:
             return
         self._restored = True
-        for handle in self._triggers:
-            handle.remove()
-        self._triggers.clear()
+        self.drop_triggers()
         tree = self._load_resume()
         if self.loop_position.reentry is not None and self.loop_position.reentry.active:
             self._position_lost("the position was not reached before the first optimizer step")
@@ -443,9 +447,7 @@ class Resume:
         """A checkpoint taken at a wrapped loop's boundary is restored there, not at the
         first forward or optimizer step: the restore triggers go."""
         if self._resume_loops and any(e.get("boundary") for e in self._resume_loops):
-            for handle in self._triggers:
-                handle.remove()
-            self._triggers.clear()
+            self.drop_triggers()
 
     def _loops_lost(self, why: str) -> None:
         """The saved loop positions do not match this run's loops: say so, restore now."""
