@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch.utils.data import dataloader as _dl
 
+from . import sampler_epoch
+
 _END = object()
 
 
@@ -141,7 +143,11 @@ def install(runtime: Any) -> Patches:
                 return
             # Draw the shuffle order now, under the epoch's RNG, and skip at the sampler:
             # indices only, no sample of the skipped batches is ever loaded.
-            self._index_sampler = _PrimedSampler(self._index_sampler, skip)
+            inner = self._index_sampler
+            if st.offset:  # the rest of an epoch other ranks began, dealt out over this run's
+                rest = sampler_epoch.remaining_batches(loader, st.offset, st.offset_sampler)
+                inner = inner if rest is None else rest
+            self._index_sampler = _PrimedSampler(inner, skip)
             self._sampler_iter = iter(self._index_sampler)
 
         return __init__

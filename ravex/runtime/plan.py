@@ -9,7 +9,7 @@ backend stages them). Tree layout (lists are indexed by creation order)::
                   "param_groups": [{..., "params": [param, ...]}]}]
     schedulers  [{"type", "state"}]      scalers  [{"type", "state"}]
     loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
-                  "active", "epoch_rng"}]
+                  "active", "epoch_rng", "offset", "sampler"}]  (:mod:`.sampler_epoch`)
     loops       [{"site", "at", "boundary"}]   the ravex.loop positions, outermost first
     script      {"mode", "frames": [{"code", "line", "loops", "variables"}]}  the main
                 script's loop position and the variables its loops carry (optional)
@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from . import sampler_epoch
 from .registry import LoaderState, Registry
 from .rng import capture_rng
 
@@ -89,6 +90,8 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
                 "exhausted": st.exhausted,
                 "active": st is active_loader,
                 "epoch_rng": st.epoch_rng,
+                "offset": st.offset,
+                "sampler": sampler_epoch.describe(loader),
             }
         )
     tree["loaders"] = loaders

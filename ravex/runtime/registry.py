@@ -33,6 +33,10 @@ class LoaderState:
     exhausted: bool = False  # the current epoch's iterator raised StopIteration
     epoch_rng: dict[str, Any] | None = None  # RNG states captured when this epoch began
     pending_skip: int = 0  # batches the next iterator must skip at the sampler
+    #: positions of the epoch's global order consumed before this run's ranks took it over
+    #: (a world-size change: :mod:`.sampler_epoch`), and the sampler record that order is of
+    offset: int = 0
+    offset_sampler: dict[str, Any] | None = None
     resume: dict[str, Any] | None = None  # this loader's entry in the checkpoint, until used
     resume_checked: bool = False
     #: the epoch is drawn by explicit ``next()`` calls in a loop of the user's (not by a ``for``

@@ -540,6 +540,7 @@ class Resume:
                 st.epoch, st.yielded, st.exhausted = epoch, 0, True
                 return _Empty()
             st.epoch, st.yielded, st.epoch_rng = epoch, int(entry["yielded"]), entry["epoch_rng"]
+            st.offset, st.offset_sampler = int(entry.get("offset", 0)), entry.get("sampler")
             length = entry.get("length")
             if entry["exhausted"] or (length is not None and st.yielded >= length):
                 st.exhausted = True
@@ -562,6 +563,6 @@ class Resume:
             return iterator
         st.epoch, st.yielded, st.exhausted = epoch, 0, False
         st.epoch_rng = rng.capture_epoch_rng(loader)
-        st.pending_skip = 0
+        st.pending_skip, st.offset, st.offset_sampler = 0, 0, None
         return original(loader)
 

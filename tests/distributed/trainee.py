@@ -23,6 +23,10 @@ rank's RNG back would diverge. Environment:
               gradient buckets; see test_ddp's 4-rank test)
 ``T_REWRAP_AT``  ``<step>``: after that step, wrap the model in a fresh DDP (what a restarted
               process has), without Ravex
+``T_SCHED``   ``step``: a ``StepLR`` instead of ``OneCycleLR`` (whose total steps follow the
+              world size, so a run resumed at another world size could not step it to the end)
+``T_LOG_BATCHES``  ``1``: print ``BATCH <rank> <epoch> <step> <i,j,...>``, the sample indices of
+              each step's batch
 
 Prints ``LOSS <rank> <step> <float.hex>`` per step, ``RESTORED <rank> <step>`` after the
 first step of a resumed run, and ``FINISHED <rank>``.
@@ -58,6 +62,7 @@ WAIT_AT = int(os.environ.get("T_WAIT_SIGNAL_AT", "0") or 0)
 STEP_SECONDS = float(os.environ.get("T_STEP_SECONDS", "0") or 0)
 FIND_UNUSED = os.environ.get("T_FIND_UNUSED") == "1"
 REWRAP_AT = int(os.environ.get("T_REWRAP_AT", "0") or 0)
+LOG_BATCHES = os.environ.get("T_LOG_BATCHES") == "1"
 
 
 def say(line: str) -> None:
@@ -130,6 +135,13 @@ class Noisy(Dataset):
         return self.x[i] + torch.randn(16) * 0.01, self.y[i]  # global (per-rank) RNG
 
 
+class Indexed(Noisy):
+    """The same samples, each with its index (the tests count which ones were seen)."""
+
+    def __getitem__(self, i: int):
+        return (*super().__getitem__(i), i)
+
+
 def full(value):
     from torch.distributed.tensor import DTensor
 
@@ -163,16 +175,20 @@ def main() -> None:
     else:
         net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=FIND_UNUSED)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
-    data = Noisy()
+    data = Indexed() if LOG_BATCHES else Noisy()
     sampler = DistributedSampler(data, shuffle=True, seed=7)
     loader = DataLoader(data, batch_size=4, sampler=sampler)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=len(loader) * EPOCHS)
+    if os.environ.get("T_SCHED") == "step":
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
+    else:
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=len(loader) * EPOCHS)
     loss_fn = nn.MSELoss()
     waiters = os.environ.get("T_WAIT_SIGNAL_RANKS", ",".join(map(str, range(world))))
     caught = caught_sigterm() if WAIT_AT and str(rank) in waiters.split(",") else None
     for epoch in range(EPOCHS):
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        for batch in loader:
+            x, y = batch[0], batch[1]
             opt.zero_grad()
             scale = 1.0 + 0.001 * random.random() + 0.001 * float(np.random.rand())
             loss = loss_fn(net(x) * scale, y)
@@ -184,6 +200,8 @@ def main() -> None:
                 main.said = 1
                 say(f"RESTORED {rank} {ravex.status()['resumed_from']}")
             say(f"LOSS {rank} {step} {loss.item().hex()}")
+            if LOG_BATCHES:
+                say(f"BATCH {rank} {epoch} {step} {','.join(map(str, batch[2].tolist()))}")
             if step == REWRAP_AT:
                 net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=FIND_UNUSED)
             if STEP_SECONDS:

@@ -30,6 +30,7 @@ from ravex.saving.ranks import REPLICATED
 from ravex.saving.tree import leaves, tree_map
 from ravex.saving.zarr import PER_RANK
 
+from .. import sampler_epoch
 from ..plan import param_names
 from ..registry import Registry
 from ..restore import saved_param_states
@@ -98,23 +99,26 @@ def resolve(registry: Registry, loaded: LoadedStep, rank: int, world: int) -> di
     holds as a ``Shard(0)`` DTensor only for this rank's rows."""
     tree, reader = loaded.tree, loaded.reader
     saved_world, src = loaded.saved_world_size, loaded.saved_rank
-    if saved_world != world:
+    if saved_world != world and rank == 0:
+        fresh = f"ranks {saved_world}-{world - 1} start fresh ones" if world > saved_world else "each rank's restored"
         logger.warning("ravex: step %d was written by %d rank(s), this run has %d: model and "
-                       "optimizer state are resharded exactly; data loaders resume at the same "
-                       "number of samples, the RNG streams of %s", reader.step, saved_world, world,
-                       "this rank are restored" if src == rank else f"rank {rank} start fresh")
-        for entry in tree.get("loaders", []):
-            entry["yielded"] = int(entry["yielded"]) * saved_world // world
+                       "optimizer state are resharded exactly; a DistributedSampler's epoch goes on "
+                       "with the samples the job has not seen, each once; RNG streams: %s",
+                       reader.step, saved_world, world, fresh)
+    if saved_world != world:
+        for index, (loader, entry) in enumerate(zip(registry.live("loaders"), tree.get("loaders", []),
+                                                    strict=False)):
+            inexact = sampler_epoch.carry_over(entry, loader, saved_world, world)
+            if inexact is not None and rank == 0:
+                logger.warning("ravex: DataLoader #%d of step %d: %s", index, reader.step, inexact)
+            try:  # a loader's length per rank follows the world size
+                entry["length"] = len(loader)
+            except TypeError:
+                pass
     if src != rank:
         tree["rng"] = capture_rng()  # no saved stream for a new rank: keep ours
     tree.setdefault("distributed", {"world_size": saved_world, "rank": src, "layout": LAYOUT})
     _note_ddp_buckets(registry)
-    if saved_world != world:  # a loader's length per rank follows the world size
-        for loader, entry in zip(registry.live("loaders"), tree.get("loaders", []), strict=False):
-            try:
-                entry["length"] = len(loader)
-            except TypeError:
-                pass
     live_of: dict[int, Any] = {}  # id(ArrayRef) -> live DTensor it must match
     models = registry.models()
     for model, saved in zip(models, tree.get("models", []), strict=False):
