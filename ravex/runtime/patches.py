@@ -65,7 +65,7 @@ def _as_caller(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, with the warnings it raises that would point at this file
     (a ``stacklevel=2`` warning of the function a patch wraps) pointing at the line of the
     user's code that called the wrapper instead. Only for wrappers of calls made a few times
-    (constructors, ``torch.save``): catching warnings costs microseconds."""
+    (constructors, an epoch's iterator, ``torch.save``): catching warnings costs microseconds."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = call(*args, **kwargs)
@@ -129,7 +129,7 @@ def install(runtime: Any) -> Patches:
     def base_iter_init(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, loader: Any) -> None:
-            original(self, loader)
+            _as_caller(original, self, loader)  # once an epoch: its warnings point where torch's do
             st = runtime.registry.state_of(loader)
             if st is None or not runtime.enabled:
                 # a runtime that stood down (a framework resumes the run: Lightning) leaves the
