@@ -61,6 +61,8 @@ class Cadence(Resume):
         self._steps_here = 0
         self._last_time = time.monotonic()
         self._exit_signal: int | None = None
+        #: an uncaught exception ended the training (the excepthook, :mod:`.lifecycle`)
+        self._crashed = False
         self._signals: dict[int, Any] = {}
         self._poll: collectives.Poll | None = None  # several ranks: shared decisions
         self._prepared_writes = False
@@ -458,8 +460,13 @@ class Cadence(Resume):
         second signal, the signal gets its previous behaviour at once. With several ranks
         the flag waits for the next poll (:meth:`_check_time`), where every rank learns of
         it: a signal that reached one rank alone still stops all of them at the same step.
+
+        After an uncaught exception there is no next step boundary: the signal gets its
+        previous behaviour too. Under torchrun that is the agent stopping a failed node's
+        ranks (a peer died, an all-reduce raised); caught here, it only delayed the exit that
+        the agent asked for, behind a promise of a checkpoint that never came.
         """
-        training = self._steps_here > 0
+        training = self._steps_here > 0 and not self._crashed
         poll = self._poll
         shared = poll is not None and collectives.can_agree()
         if (os.getpid() != self.pid or self._exit_signal is not None or not training

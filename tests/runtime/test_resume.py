@@ -114,6 +114,36 @@ def test_sigterm_checkpoints_flushes_and_exits_143_then_resumes_bitwise(tmp_path
     harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
 
 
+CRASHED_THEN_SIGTERM = """
+import os, signal, sys
+import torch, ravex
+ravex.activate()
+w = torch.nn.Linear(2, 1)
+o = torch.optim.SGD(w.parameters(), 0.1)
+for _ in range(3):
+    w(torch.ones(2)).sum().backward()
+    o.step()
+try:
+    raise RuntimeError("a peer died")  # what an all-reduce raises on a node whose peer died
+except RuntimeError as exc:
+    sys.excepthook(type(exc), exc, exc.__traceback__)  # what an uncaught exception meets first
+os.kill(os.getpid(), signal.SIGTERM)  # torchrun's agent stopping the failed node's ranks
+print("SURVIVED", flush=True)
+"""
+
+
+def test_sigterm_after_a_crash_is_not_held_for_a_checkpoint(tmp_path):
+    """Two nodes (tests/remote/test_two_nodes_s3.py): one dies, a rank of the other raises in its
+    all-reduce, and its agent SIGTERMs the node's ranks. The handler took that signal for a
+    checkpoint at the next step boundary, which a crashed run never reaches: the rank ignored
+    the agent, said a checkpoint would come, and lived on. After the crash the signal acts
+    as it would without Ravex."""
+    _workdir(tmp_path, checkpoint_every=100)
+    done = harness.run([harness.PYTHON, "-c", CRASHED_THEN_SIGTERM], tmp_path, harness.child_env())
+    assert done.returncode == -signal.SIGTERM and "SURVIVED" not in done.stdout, done.explain()
+    assert "RuntimeError: a peer died" in done.stderr and "SIGTERM received" not in done.stderr, done.explain()
+
+
 def test_finished_run_checkpoints_on_exit_and_a_rerun_passes_through(tmp_path, reference):
     """The model is a local of main(): gone by atexit, yet the exit checkpoint has it."""
     _, ref_state = reference(0)
