@@ -136,9 +136,10 @@ def run_nodes(nproc: int, cwd: Path, environ: dict[str, str], nnodes: int = 2,
 
     ``kill_node_when(lines per agent)`` names an agent whose family (agent and ranks) is
     SIGKILLed then; the others are left to fail on their own, as a cluster's other nodes do,
-    and are waited for: one still running ``exit_timeout`` s after the kill is killed too and
-    its result says ``hung``. ``kill_job_when(lines of an agent)`` SIGKILLs every agent at
-    once; ``on_line(lines of an agent, its pid)`` runs after each line (e.g. to send a signal).
+    and are waited for: one still running ``exit_timeout`` s after the kill (or after another
+    agent ended on its own) is killed too and its result says ``hung``. ``kill_job_when(lines
+    of an agent)`` SIGKILLs every agent at once; ``on_line(lines of an agent, its pid)`` runs
+    after each line (e.g. to send a signal).
     """
     port = free_port() if nnodes > 1 else 0
     tag = f"{os.getpid()}-{threading.get_ident()}-{next(_LAUNCHES)}"  # each launch its own files
@@ -180,6 +181,8 @@ def run_nodes(nproc: int, cwd: Path, environ: dict[str, str], nnodes: int = 2,
                 continue
             if line is None:
                 open_nodes.discard(node)
+                if deadline is None and nnodes > 1:  # a node ended: the others follow, or are hung
+                    deadline = time.monotonic() + exit_timeout
                 continue
             lines[node].append(line)
             if on_line is not None:
