@@ -61,6 +61,8 @@ class Cadence(Resume):
         self._steps_here = 0
         self._last_time = time.monotonic()
         self._exit_signal: int | None = None
+        #: an uncaught exception ended the training (the excepthook, :mod:`.lifecycle`)
+        self._crashed = False
         self._signals: dict[int, Any] = {}
         self._poll: collectives.Poll | None = None  # several ranks: shared decisions
         self._prepared_writes = False
@@ -458,7 +460,19 @@ class Cadence(Resume):
         second signal, the signal gets its previous behaviour at once. With several ranks
         the flag waits for the next poll (:meth:`_check_time`), where every rank learns of
         it: a signal that reached one rank alone still stops all of them at the same step.
+
+        After an uncaught exception no step boundary comes: the exit is under way (the flush
+        of what is being written, the timeline's lease released), and the signal is let wait
+        for it, saying so; a second one gets the previous behaviour. Under torchrun that is a
+        failed node's agent stopping the ranks still running (a peer died, an all-reduce
+        raised): they were told that every rank would checkpoint at the next agreed step.
         """
+        if self._crashed and self._exit_signal is None and os.getpid() == self.pid:
+            self._exit_signal = signum  # a second signal does not wait
+            logger.warning("ravex: %s received after the run crashed at step %d: exiting once what is "
+                           "being written is flushed (no checkpoint of this step); a second %s exits at once",
+                           signal.Signals(signum).name, self.step, signal.Signals(signum).name)
+            return
         training = self._steps_here > 0
         poll = self._poll
         shared = poll is not None and collectives.can_agree()

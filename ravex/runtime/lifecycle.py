@@ -111,7 +111,6 @@ class RavexRuntime(Cadence):
 
     def __init__(self, config: RavexConfig) -> None:
         super().__init__(config)
-        self._crashed = False
         self._patches: patches.Patches | None = None
         self._shut = False
         self._excepthook: tuple[Any, Any] | None = None

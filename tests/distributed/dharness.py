@@ -2,24 +2,32 @@
 
 The job runs in its own session; :func:`run` reads its stdout line by line and SIGKILLs
 the whole process group (torchrun and every rank) the moment a condition on the lines
-seen so far holds, e.g. "every rank printed BLOCKED".
+seen so far holds, e.g. "every rank printed BLOCKED". :func:`run_nodes` starts one torchrun
+agent per "node" on this host (a c10d rendezvous on a free loopback port) and can SIGKILL
+one node's family alone, then waits (bounded) for the other nodes to fail on their own.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINEE = Path(__file__).with_name("trainee.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 WATCHDOG_S = 240  # a safety net against a hung job, not a synchronisation
+_LAUNCHES = itertools.count()
 
 
 @dataclass
@@ -28,6 +36,7 @@ class Result:
     stdout: list[str] = field(default_factory=list)
     stderr: str = ""
     killed: bool = False
+    hung: bool = False  # still running long after another node was killed (killed then)
 
     def losses(self, rank: int) -> dict[int, str]:
         """step -> loss (hex) of one rank."""
@@ -94,37 +103,124 @@ def kill_job(pid: int) -> None:
             pass
 
 
-def run(nproc: int, cwd: Path, environ: dict[str, str],
-        kill_when: Callable[[list[str]], bool] | None = None, script: Path = TRAINEE,
-        on_line: Callable[[list[str], int], None] | None = None) -> Result:
-    """``on_line(lines, launcher_pid)`` runs after each line (e.g. to send a signal)."""
-    argv = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
-    err_path = cwd / f"stderr-{os.getpid()}-{threading.get_ident()}.txt"
-    killed = False
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen(argv, cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=err,
-                                text=True, start_new_session=True)
-        watchdog = threading.Timer(WATCHDOG_S, kill_job, (proc.pid,))
-        watchdog.start()
-        lines: list[str] = []
-        try:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a rendezvous endpoint; each launch takes its own)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _argv(nproc: int, script: Path, nnodes: int, node: int, port: int) -> list[str]:
+    """torchrun's command line: ``--standalone`` for one node; for several, one agent per node
+    meeting at a c10d rendezvous on 127.0.0.1 (node 0's agent hosts its store, as the host
+    named by ``--rdzv-endpoint`` does on a real cluster)."""
+    if nnodes == 1:
+        return [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    return [TORCHRUN, f"--nnodes={nnodes}", f"--node-rank={node}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-conf=is_host={1 if node == 0 else 0}", str(script)]
+
+
+def _read(node: int, stream: IO[str], out: queue.Queue[tuple[int, str | None]]) -> None:
+    for raw in stream:
+        out.put((node, raw.rstrip("\n")))
+    out.put((node, None))
+
+
+def run_nodes(nproc: int, cwd: Path, environ: dict[str, str], nnodes: int = 2,
+              kill_node_when: Callable[[list[list[str]]], int | None] | None = None,
+              script: Path = TRAINEE, on_line: Callable[[list[str], int], None] | None = None,
+              kill_job_when: Callable[[list[str]], bool] | None = None,
+              exit_timeout: float = 90.0) -> list[Result]:
+    """One job of ``nnodes`` torchrun agents (``nproc`` ranks each), one :class:`Result` per agent.
+
+    ``kill_node_when(lines per agent)`` names an agent whose family (agent and ranks) is
+    SIGKILLed then; the others are left to fail on their own, as a cluster's other nodes do,
+    and are waited for: one still running ``exit_timeout`` s after the kill (or after another
+    agent ended on its own) is killed too and its result says ``hung``. ``kill_job_when(lines
+    of an agent)`` SIGKILLs every agent at once; ``on_line(lines of an agent, its pid)`` runs
+    after each line (e.g. to send a signal).
+    """
+    port = free_port() if nnodes > 1 else 0
+    tag = f"{os.getpid()}-{threading.get_ident()}-{next(_LAUNCHES)}"  # each launch its own files
+    err_paths = [cwd / (f"stderr-{tag}.txt" if nnodes == 1 else f"stderr-{tag}-node{n}.txt")
+                 for n in range(nnodes)]
+    lines: list[list[str]] = [[] for _ in range(nnodes)]
+    killed = [False] * nnodes
+    hung = [False] * nnodes
+    procs: list[subprocess.Popen[str]] = []
+    readers: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+    def kill(node: int) -> None:
+        kill_job(procs[node].pid)
+        killed[node] = True
+
+    watchdog = threading.Timer(WATCHDOG_S, lambda: [kill_job(p.pid) for p in procs])
+    try:
+        for node in range(nnodes):
+            with open(err_paths[node], "w") as err:
+                proc = subprocess.Popen(_argv(nproc, script, nnodes, node, port), cwd=cwd, env=environ,
+                                        stdout=subprocess.PIPE, stderr=err, text=True,
+                                        start_new_session=True)
+            procs.append(proc)
             assert proc.stdout is not None
-            for raw in proc.stdout:
-                lines.append(raw.rstrip("\n"))
-                if on_line is not None:
-                    on_line(lines, proc.pid)
-                if kill_when is not None and kill_when(lines):
-                    kill_job(proc.pid)
-                    killed = True
+            threading.Thread(target=_read, args=(node, proc.stdout, readers), daemon=True).start()
+        watchdog.start()
+        open_nodes, deadline, overdue = set(range(nnodes)), None, False
+        while open_nodes:
+            try:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                node, line = readers.get(timeout=wait)
+            except queue.Empty:  # a survivor outlived exit_timeout after the kill
+                if overdue:  # its output stays open even after its family was killed: give up on it
                     break
-            proc.stdout.close()
-            code = proc.wait()
-        finally:
-            watchdog.cancel()
+                for n in open_nodes - {n for n in range(nnodes) if killed[n]}:
+                    hung[n] = True
+                    kill(n)
+                overdue, deadline = True, time.monotonic() + 30.0
+                continue
+            if line is None:
+                open_nodes.discard(node)
+                if deadline is None and nnodes > 1:  # a node ended: the others follow, or are hung
+                    deadline = time.monotonic() + exit_timeout
+                continue
+            lines[node].append(line)
+            if on_line is not None:
+                on_line(lines[node], procs[node].pid)
+            if kill_job_when is not None and not any(killed) and kill_job_when(lines[node]):
+                for n in range(nnodes):
+                    kill(n)
+            if kill_node_when is not None and not any(killed):
+                victim = kill_node_when(lines)
+                if victim is not None:
+                    kill(victim)
+                    deadline = time.monotonic() + exit_timeout
+        codes = [proc.wait() for proc in procs]
+    finally:
+        watchdog.cancel()
+        for proc in procs:
             if proc.poll() is None:
                 kill_job(proc.pid)  # no rank outlives its test
                 proc.wait()
-    return Result(code, lines, err_path.read_text(), killed)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    return [Result(codes[n], lines[n], err_paths[n].read_text(), killed[n], hung[n]) for n in range(nnodes)]
+
+
+def run(nproc: int, cwd: Path, environ: dict[str, str],
+        kill_when: Callable[[list[str]], bool] | None = None, script: Path = TRAINEE,
+        on_line: Callable[[list[str], int], None] | None = None) -> Result:
+    """One ``torchrun --standalone`` job; ``kill_when(lines)`` SIGKILLs all of it, ``on_line(lines,
+    launcher_pid)`` runs after each line (e.g. to send a signal)."""
+    return run_nodes(nproc, cwd, environ, nnodes=1, script=script, on_line=on_line,
+                     kill_job_when=kill_when)[0]
+
+
+def joined(results: list[Result]) -> Result:
+    """The agents of one job as one :class:`Result` (every rank's lines; the worst exit)."""
+    return Result(next((r.returncode for r in results if r.returncode), 0),
+                  [ln for r in results for ln in r.stdout], "".join(r.stderr for r in results),
+                  any(r.killed for r in results), any(r.hung for r in results))
 
 
 def all_ranks(word: str, nproc: int) -> Callable[[list[str]], bool]:

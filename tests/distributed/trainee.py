@@ -11,6 +11,9 @@ rank's RNG back would diverge. Environment:
 ``T_OUT``     rank 0 writes the final full state there (torch.save of plain tensors)
 ``T_BLOCK_AT``  ``<step>``: every rank flushes ravex after that step, prints
               ``BLOCKED <rank>`` and waits forever; the test SIGKILLs the job
+``T_BLOCK_RANKS``  with ``T_BLOCK_AT``: only these ranks (default all) wait; the others print
+              ``BLOCKED`` and train on, into the next all-reduce (a node killed there fails
+              them, as a cluster's surviving nodes fail)
 ``T_BLOCK_IN_WRITE``  ``<n>``: rank ``T_BLOCK_RANK`` (default 1) stops its writer inside
               its n-th checkpoint after the first object, printing ``IN-WRITE <rank>``
 ``T_WAIT_SIGNAL_AT``  ``<step>``: after that step the ranks in ``T_WAIT_SIGNAL_RANKS``
@@ -63,6 +66,7 @@ STEP_SECONDS = float(os.environ.get("T_STEP_SECONDS", "0") or 0)
 FIND_UNUSED = os.environ.get("T_FIND_UNUSED") == "1"
 REWRAP_AT = int(os.environ.get("T_REWRAP_AT", "0") or 0)
 LOG_BATCHES = os.environ.get("T_LOG_BATCHES") == "1"
+BLOCK_RANKS = os.environ.get("T_BLOCK_RANKS")
 
 
 def say(line: str) -> None:
@@ -213,7 +217,8 @@ def main() -> None:
             if step == BLOCK_AT:
                 ravex.flush()
                 say(f"BLOCKED {rank}")
-                threading.Event().wait()  # the test SIGKILLs the job here
+                if BLOCK_RANKS is None or str(rank) in BLOCK_RANKS.split(","):
+                    threading.Event().wait()  # the test SIGKILLs the job here
     state = {"model": full(model.state_dict()), "opt": full(opt.state_dict()), "sched": sched.state_dict()}
     out = os.environ.get("T_OUT")
     if out and rank == 0:

@@ -9,12 +9,16 @@ training.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 
 import pytest
 import torch
+
+from ravex.format import open_store
+from ravex.format.leases import read_holder
 
 from . import harness
 
@@ -112,6 +116,49 @@ def test_sigterm_checkpoints_flushes_and_exits_143_then_resumes_bitwise(tmp_path
     assert second.returncode == 0 and second.resumed_from == 17, second.stderr
     assert second.losses == ref.losses[17:]
     harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+
+CRASHED_THEN_SIGTERM = """
+import os, signal, sys
+import torch, ravex
+ravex.activate()
+w = torch.nn.Linear(2, 1)
+o = torch.optim.SGD(w.parameters(), 0.1)
+for _ in range(3):
+    w(torch.ones(2)).sum().backward()
+    o.step()
+ravex_hook = sys.excepthook
+
+
+def hook(*exc):
+    ravex_hook(*exc)  # the run crashed; its exit (Ravex's shutdown) is still to come
+    for _ in range(int(sys.argv[1])):
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun's agent stopping a failed node's ranks
+
+
+sys.excepthook = hook
+raise RuntimeError("a peer died")  # what an all-reduce raises on a node whose peer died
+"""
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_sigterm_after_a_crash_promises_no_checkpoint_and_a_second_exits_at_once(tmp_path, signals):
+    """Two nodes (tests/remote/test_two_nodes_s3.py): one dies, a rank of the other raises in its
+    all-reduce, and its agent SIGTERMs the node's other ranks. The handler took that signal
+    for a checkpoint at the next step boundary, which a crashed run never reaches ("all ranks
+    checkpoint at the step they next agree on"). Now it says the exit is under way and lets it
+    finish (flush, lease, the run's record); a second signal ends the process at once."""
+    _workdir(tmp_path, checkpoint_every=2)
+    done = harness.run([harness.PYTHON, "-c", CRASHED_THEN_SIGTERM, str(signals)], tmp_path, harness.child_env())
+    assert "RuntimeError: a peer died" in done.stderr and "next step boundary" not in done.stderr, done.explain()
+    assert "SIGTERM received after the run crashed at step 3" in done.stderr, done.explain()
+    if signals == 2:
+        assert done.returncode == -signal.SIGTERM, done.explain()
+        return
+    assert done.returncode == 1, done.explain()  # the exception's, after the exit ran to its end
+    [record] = (tmp_path / ".ravex").glob("last-run-*.json")
+    assert json.loads(record.read_text())["crashed"] is True
+    assert read_holder(open_store(tmp_path / "ckpt").storage, "main").released
 
 
 def test_finished_run_checkpoints_on_exit_and_a_rerun_passes_through(tmp_path, reference):
