@@ -96,17 +96,19 @@ def newest_own_step(catalog: StoreCatalog, rank: int) -> int | None:
     rank's manifest, this rank's among them, found without reading any other rank's: one
     listing of ``steps/`` (names only) and one of that step's folder (one request per 1000
     names). A guess rank 0 confirms or overrules when the ranks agree (it reads the manifests);
-    it only names which step's recorded loop position this rank goes back to."""
+    it only names which step's recorded loop position this rank goes back to. A rank beyond the
+    step's world size (the job now runs on more ranks) reads rank 0's manifest instead."""
     steps = sorted((int(n) for n in catalog.storage.list_dir(catalog.steps_prefix) if is_decimal(n)),
                    reverse=True)
     for step in steps[:4]:  # a crashed run leaves at most a partial step or two above the newest
         ranks = manifest_ranks(catalog.storage.list_dir(catalog.step_dir(step)))
-        if rank not in ranks:
+        source = 0 if ranks and rank > ranks[-1] else rank
+        if source not in ranks:
             continue
         try:
-            world = catalog.manifest(step, rank).world_size
+            world = catalog.manifest(step, source).world_size
         except (ManifestError, StepNotFoundError, OSError):
             continue
-        if ranks == list(range(world)):
+        if ranks == list(range(world)) and (source == rank or rank >= world):
             return step
     return None

@@ -159,10 +159,8 @@ class Resume:
         if not self._candidates:
             return False
         step = self._candidates[0]
-        if self.world_size > 1:
+        if self.world_size > 1 or self._written_by_several(step):
             tree = self._peek_position(step)
-        elif self._written_by_several(step):
-            return False
         else:
             tree = self._load_resume()
             step = self.resumed_from if self.resumed_from is not None else step
@@ -174,30 +172,32 @@ class Resume:
                                           sys._getframe(1))
 
     def _peek_position(self, step: int) -> dict[str, Any] | None:
-        """Several ranks: this rank's script position in ``step`` (read once; the rest of the
-        step is resolved against the live objects at the restore). None where the step was
-        written at another world size (the positions of other ranks do not carry over)."""
-        if self._follows():  # its own manifest alone: one request
+        """Several ranks, or a step several wrote: this rank's script position in ``step`` (read
+        once; the rest of the step is resolved against the live objects at the restore). A rank the step's job did
+        not have (a rerun on more ranks) goes back to rank 0's position, with its variables:
+        every rank must run the same iterations, or the last ones would wait for the others
+        in a collective forever."""
+        if self._follows():  # its own manifest alone: one request (two for a new rank)
             assert self.backend is not None
-            try:
-                own = self.backend.peek_step(step, self.rank, self.world_size)
-            except Exception:  # unreadable: the agreed step is read (or falls back) later
-                return None
-            return self._position_in(own)
+            for source in dict.fromkeys((self.rank, 0)):
+                try:
+                    return self._position_in(self.backend.peek_step(step, source, self.world_size))
+                except Exception:  # not written by this rank: rank 0's; unreadable: read (or fall back) later
+                    continue
+            return None
         self._written_by_several(step)
         return self._position_in(self._peeked[1] if self._peeked is not None and self._peeked[0] == step else None)
 
     def _position_in(self, loaded: Any) -> dict[str, Any] | None:
         """This rank's script position (and wrapped-loop positions) in a step read with
-        ``read_step``/``peek_step``; None where it has none or was written at another world size."""
-        if loaded is None or loaded.saved_world_size != self.world_size or "script" not in loaded.tree:
+        ``read_step``/``peek_step``; None where it has none."""
+        if loaded is None or "script" not in loaded.tree:
             return None
         return {"script": read_refs(loaded.tree["script"]), "loops": loaded.tree.get("loops")}
 
     def _written_by_several(self, step: int) -> bool:
         """Whether ``step`` was written by several ranks (or holds shards): such a step is read
-        against the live objects (its loaders' lengths, its shards), so not before they exist,
-        and it records no script position to go back to."""
+        against the live objects (its loaders' lengths, its shards), so not before they exist."""
         assert self.backend is not None
         if step in self._several:
             return self._several[step]

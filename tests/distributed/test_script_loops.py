@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from . import dharness as h
@@ -33,3 +34,20 @@ def test_a_while_loop_resumes_on_every_rank_with_its_counter(tmp_path):
         assert resumed == {s: v for s, v in ref.losses(rank).items() if s >= 10}, f"rank {rank}\n{second.explain()}"
     assert "where the loop stood is unknown" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_dir / "final.pt", weights_only=False))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_while_loop_rerun_at_another_world_size_goes_on_from_its_counter(tmp_path, before, after):
+    """Every rank of the rerun goes back into the loop at the checkpoint's iteration, a new
+    rank with rank 0's counter: none starts over (a silent replay before), and none runs
+    iterations the others do not (it would wait for them in an all-reduce forever)."""
+    cwd = h.workdir(tmp_path, every=5)
+    first = h.run(before, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="12"), kill_when=h.all_ranks("BLOCKED", before),
+                  script=SCRIPT)
+    assert first.killed, first.explain()
+    second = h.run(after, cwd, h.env(T_ENTRY="activate"), script=SCRIPT)
+    assert second.returncode == 0, second.explain()
+    for rank in range(after):
+        assert sorted(second.losses(rank)) == list(range(10, 22)), f"rank {rank}\n{second.explain()}"
+    assert f"written by {before} rank(s), this run has {after}" in second.stderr

@@ -93,3 +93,13 @@ def test_the_guess_skips_a_partial_step(tmp_path):
     with store.writer(rank=1, world_size=3, run="r") as w:  # a crashed run: rank 1 alone wrote 30
         w.commit(30, {f"rank-{1}": {"seen": 1}})
     assert newest_own_step(open_store(path), 1) == 20
+
+
+def test_a_rank_beyond_the_steps_world_guesses_from_rank_0s_manifest(tmp_path):
+    path = str(tmp_path / "s")
+    _write(path, 2)  # the job now runs on 4 ranks: ranks 2 and 3 wrote nothing
+    store = open_store(path)
+    with store.writer(rank=0, world_size=2, run="r") as w:  # a partial step: rank 0 alone wrote 30
+        w.commit(30, {"rank-0": {"seen": 0}})
+    assert newest_own_step(open_store(path), 3) == 20
+    assert newest_own_step(open_store(path), 1) == 20

@@ -100,7 +100,8 @@ def resolve(registry: Registry, loaded: LoadedStep, rank: int, world: int) -> di
     tree, reader = loaded.tree, loaded.reader
     saved_world, src = loaded.saved_world_size, loaded.saved_rank
     if saved_world != world and rank == 0:
-        fresh = f"ranks {saved_world}-{world - 1} start fresh ones" if world > saved_world else "each rank's restored"
+        new = f"rank {saved_world} starts" if world == saved_world + 1 else f"ranks {saved_world}-{world - 1} start"
+        fresh = f"{new} fresh ones" if world > saved_world else "each rank's restored"
         logger.warning("ravex: step %d was written by %d rank(s), this run has %d: model and "
                        "optimizer state are resharded exactly; a DistributedSampler's epoch goes on "
                        "with the samples the job has not seen, each once; RNG streams: %s",
