@@ -85,8 +85,23 @@ class CheckpointBackend(ABC):
         self.written = 0
         self.last_written_step: int | None = None
         self.last_line: str | None = None
+        #: where the last written checkpoint's time went, in seconds: the training loop's
+        #: ``wait`` and ``stage``, the writer thread's phases (:meth:`_phases`) and
+        #: ``background`` (handoff to durable); ``status()["last_write_seconds"]``
+        self.last_seconds: dict[str, float] | None = None
 
     # ── saving ──────────────────────────────────────────────────────────
+
+    def prepare(self, sizes: list[int]) -> None:
+        """Make staging memory for tensors of these byte sizes ready in the background, so
+        that the first :meth:`save` does not fault it in while the loop waits
+        (:meth:`~ravex.saving.stager.Stager.prepare`)."""
+        self._stager.prepare(sizes)
+
+    @property
+    def prepared(self) -> dict[str, float] | None:
+        """What :meth:`prepare` made ready (bytes, wall and CPU seconds), once it is done."""
+        return self._stager.prepared
 
     def save(self, plan: SavePlan, outcomes: Outcomes | None = None) -> dict[str, float]:
         """Stage ``plan``'s tree and queue its write. Returns the blocking phases in seconds.
@@ -114,6 +129,10 @@ class CheckpointBackend(ABC):
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
         """The write half of the log line."""
 
+    def _phases(self, result: dict[str, Any]) -> dict[str, float]:
+        """The writer thread's phases of a written checkpoint, in seconds (default: none known)."""
+        return {}
+
     def _done(self, job: Job, result: dict[str, Any] | None, error: BaseException | None) -> None:
         """Writer thread: log the outcome and report it to the job's ``outcomes``."""
         # the stager's figures are this job's: the next stage waits until this returns
@@ -134,6 +153,7 @@ class CheckpointBackend(ABC):
         self.last_written_step = job.step
         self.last_error = None
         total = time.perf_counter() - job.submitted
+        self.last_seconds = {**job.stall, **self._phases(result or {}), "background": total}
         self.last_line = (
             f"ravex: checkpoint step {job.step}: {stall} | {self._describe(job, result or {})} | "
             f"in background {ms(total)} ms -> {self.url}"

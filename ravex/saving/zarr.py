@@ -301,6 +301,14 @@ class ZarrBackend(CheckpointBackend):
             except Exception:
                 pass
 
+    def _phases(self, result: dict[str, Any]) -> dict[str, float]:
+        """The commit's phases (hash, encode and write summed over the writer's threads;
+        manifest, refs and the commit's wall ``total``) and retention's ``gc``."""
+        out = {k: float(v) for k, v in (result["stats"].seconds or {}).items()}
+        if "gc" in result:
+            out["gc"] = float(result["gc"])
+        return out
+
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
         s = result["stats"]
         sec = dict(s.seconds or {})
