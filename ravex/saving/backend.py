@@ -109,6 +109,10 @@ class CheckpointBackend(ABC):
         ``wait`` is the previous write still running (backpressure); ``stage`` is the
         copy into reused buffers. Both block the training loop; nothing else does. How
         the write ends is reported to ``outcomes`` from the writer thread.
+
+        Over ``staging_max_bytes`` the tensors left unstaged go to the writer live, and this
+        returns only once the writer has read them (``live``, part of the stall; its figure
+        in the manifest is ``wait`` + ``stage`` only, known before the write starts).
         """
         wait = self._saver.wait_idle()
         started = time.perf_counter()
@@ -118,7 +122,11 @@ class CheckpointBackend(ABC):
         # each rank's stall goes into its manifest: rank 0's line names the slowest rank from there
         metadata = {**plan.metadata, STALL_KEY: stall_ms(wait, stage)}
         job_plan = dataclasses.replace(plan, tree=staged, metadata=metadata)
-        self._saver.submit(Job(job_plan, stall, self._stager.nbytes, outcomes))
+        job = Job(job_plan, stall, self._stager.nbytes, outcomes)
+        self._saver.submit(job)
+        if self._stager.live_bytes:
+            job.released.wait()  # the writer reads live tensors: training may not change them yet
+            stall["live"] = time.perf_counter() - started - stage
         return stall
 
     @abstractmethod

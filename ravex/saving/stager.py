@@ -25,6 +25,15 @@ the first stall. So the thread runs as ``SCHED_IDLE`` (nice 19 where that is ref
 takes only what training leaves idle. If the first checkpoint comes before it is done, the
 stage stops it after the piece in hand, takes what is ready and allocates the rest itself,
 as it always did: the first stall is never longer than without it.
+
+**A cap on staging memory** (``staging_max_bytes``). Staging holds a second copy of the state
+in host memory; a host that cannot afford it sets a cap. Tensors are given buffers in the
+order of the tree until the cap is reached; the CPU tensors left over are handed to the writer
+as they are, live (:attr:`Stager.live_bytes`), and the training loop waits until the writer
+has read every byte of them (the backend's ``save``). The stall grows by that read and write;
+the bytes written are the same, and exactness holds because nothing runs while they are read.
+CUDA tensors, and tensors the writer cannot read in place (non-contiguous, conjugate), are
+always staged.
 """
 
 from __future__ import annotations
@@ -133,9 +142,17 @@ class Stager:
 
     PROBE = 8  # elements compared before a skip
 
-    def __init__(self, as_numpy: bool, skip_unchanged: bool = True, full_stage_every: int = 10) -> None:
+    def __init__(self, as_numpy: bool, skip_unchanged: bool = True, full_stage_every: int = 10,
+                 max_bytes: int | None = None) -> None:
         if isinstance(full_stage_every, bool) or not isinstance(full_stage_every, int) or full_stage_every < 1:
             raise ValueError(f"full_stage_every must be an integer >= 1, got {full_stage_every!r}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"staging_max_bytes must be a positive integer or None, got {max_bytes!r}")
+        #: the most bytes the staging buffers hold (``staging_max_bytes``); None: no cap
+        self.max_bytes = max_bytes
+        self._held = 0  # bytes of the buffers in ``_buffers``
+        #: bytes of the last stage's tensors handed over live (over the cap), not copied
+        self.live_bytes = 0
         self.as_numpy = as_numpy
         self.skip_unchanged = bool(skip_unchanged)
         self.full_stage_every = full_stage_every
@@ -166,7 +183,8 @@ class Stager:
         """A Stager with ``config``'s ``skip_unchanged``/``full_stage_every`` (the defaults without one)."""
         if config is None:
             return cls(as_numpy)
-        return cls(as_numpy, skip_unchanged=config.skip_unchanged, full_stage_every=config.full_stage_every)
+        return cls(as_numpy, skip_unchanged=config.skip_unchanged, full_stage_every=config.full_stage_every,
+                   max_bytes=getattr(config, "staging_max_bytes", None))
 
     def prepare(self, sizes: list[int]) -> None:
         """Allocate and fault in CPU staging buffers of these byte sizes on a background thread,
@@ -176,6 +194,13 @@ class Stager:
         if self._preparing is not None or self._stages or self._buffers:
             return
         wanted = sorted((n for n in sizes if n >= PREPARE_MIN_BYTES), reverse=True)
+        if self.max_bytes is not None:  # no more than the cap lets the first stage hold
+            room, fitting = self.max_bytes, []
+            for n in wanted:
+                if n <= room:
+                    fitting.append(n)
+                    room -= n
+            wanted = fitting
         if not wanted:
             return
         stop = self._stop_preparing
@@ -210,6 +235,7 @@ class Stager:
             self._stop_preparing.set()  # it stops after the piece in hand; the rest is allocated here
             self._preparing.join()
         self.nbytes = self.copied_bytes = self.skipped_bytes = self.tensors = self.copied_tensors = 0
+        self.live_bytes = 0
         self.full = not self.skip_unchanged or self._stages % self.full_stage_every == 0
         if not self.full and _has_fused_optimizer(tree):
             self.full = True
@@ -273,9 +299,19 @@ class Stager:
         self.tensors += 1
         entry = self._buffers.get(path)
         if entry is None or entry[0].shape != src.shape or entry[0].dtype != src.dtype:
+            if entry is not None:
+                self._held -= entry[0].numel() * entry[0].element_size()
+                del self._buffers[path]
+            if self.max_bytes is not None and self._held + size > self.max_bytes:
+                live = self._live(src)
+                if live is not None:  # over the cap: the writer reads it in place, the loop waiting
+                    self._seen.pop(path, None)
+                    self.live_bytes += size
+                    return live
             buf = self._new_buffer(src, size)
             entry = (buf, numpy_view(buf) if self.as_numpy else buf)
             self._buffers[path] = entry
+            self._held += size
             self._seen.pop(path, None)
         skippable = skippable and not (bool(path) and isinstance(path[-1], str) and path[-1].endswith(_UNCOUNTED))
         ident = _identity(src) if skippable and self.skip_unchanged else None
@@ -294,6 +330,18 @@ class Stager:
             except TypeError:  # a storage that takes no weak reference: never skipped
                 pass
         return entry[1]
+
+    def _live(self, src: torch.Tensor) -> Any:
+        """``src`` as the writer can read it in place (a numpy view for the format), or None where
+        it must be staged anyway (CUDA, non-contiguous, conjugate or negative bits, no numpy view)."""
+        if src.device.type != "cpu" or byte_view(src) is None:
+            return None
+        if not self.as_numpy:
+            return src
+        try:
+            return numpy_view(src)
+        except (TypeError, RuntimeError, ValueError):
+            return None
 
     def _new_buffer(self, src: torch.Tensor, size: int) -> torch.Tensor:
         """A staging buffer for ``src``: one :meth:`prepare` made ready for its size, else a new one."""
@@ -361,6 +409,7 @@ class Stager:
         self._ready.clear()
         self._copier.close()
         self._buffers.clear()
+        self._held = 0
         self._seen.clear()
         self._buffer_sample.clear()
 
