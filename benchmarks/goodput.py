@@ -47,7 +47,8 @@ REPO = os.path.dirname(HERE)
 
 CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save")
 #: Ravex with one measure undone or changed, set on the child's modules before ``activate()``:
-#: ``{name: {"module:attribute": value}}`` (``--ab NAME,...``; ``--ab all``).
+#: ``{name: {"module:attribute": value}}``, or ``"activate:key"`` for an ``activate()`` keyword
+#: (``--ab NAME,...``; ``--ab all``).
 VARIANTS: dict[str, dict[str, Any]] = {
     "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
     "ravex, 2 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 2},
@@ -56,6 +57,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # at normal priority, or not at all
     "ravex, prepare at normal priority": {"ravex.saving.stager:PREPARE_IDLE": False},
     "ravex, no prepare": {"ravex.saving.stager:PREPARE_MIN_BYTES": 1 << 62},
+    # issue 26: a host that cannot hold a second copy of the state (an ``activate()`` keyword)
+    "ravex, staging cap 256 MiB": {"activate:staging_max_bytes": 256 << 20},
 }
 MODES = ("full", "frozen")
 #: Ravex's figure over each peer's: (contender, ratio key)
@@ -178,8 +181,12 @@ class _Ravex:
 
         import ravex
 
+        keywords: dict[str, Any] = {}
         for target, value in spec.get("settings", {}).items():
             module, attr = target.split(":")
+            if module == "activate":
+                keywords[attr] = value
+                continue
             owner: Any = importlib.import_module(module)
             *outer, last = attr.split(".")
             for name in outer:  # "Class.ATTRIBUTE"
@@ -187,7 +194,8 @@ class _Ravex:
             setattr(owner, last, value)
         self.ravex = ravex
         ravex.activate(storage=os.path.join(spec["dir"], "ravex"), checkpoint_every=None, keep_last=2,
-                       resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+                       resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING",
+                       **keywords)
 
     def checkpoint(self, step: int) -> None:
         if not self.ravex.checkpoint():
