@@ -233,6 +233,10 @@ class Stager:
         """Return a private copy of ``tree``; containers rebuilt, tensors into buffers."""
         if self._preparing is not None and self._preparing.is_alive():
             self._stop_preparing.set()  # it stops after the piece in hand; the rest is allocated here
+            # an idle-priority thread on a busy machine may wait long for a core, the loop
+            # waiting on it: back to normal priority for its last piece (measured: first stall
+            # 1.5 s against 0.4 s without prepare, before this)
+            _normal_priority(self._preparing.native_id)
             self._preparing.join()
         self.nbytes = self.copied_bytes = self.skipped_bytes = self.tensors = self.copied_tensors = 0
         self.live_bytes = 0
@@ -437,6 +441,20 @@ PREPARE_MIN_BYTES = 1 << 20
 TOUCH_PIECE_BYTES = 8 << 20
 #: :meth:`Stager.prepare`'s thread takes only idle cores (False: normal priority, for A/Bs)
 PREPARE_IDLE = True
+
+
+def _normal_priority(tid: int | None) -> None:
+    """Put thread ``tid`` back to ``SCHED_OTHER``, nice 0 (Linux: these calls take a thread id)."""
+    if tid is None or not PREPARE_IDLE:
+        return
+    try:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, 0)
+    except (AttributeError, OSError):
+        pass
 
 
 def _lowest_priority() -> None:
