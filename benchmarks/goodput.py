@@ -268,6 +268,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
         st = ravex.status()
         out["checkpoints_written"], out["last_error"] = st["checkpoints_written"], st["last_error"]
+        out["staging_prepared"] = st["staging_prepared"]  # bytes faulted in before the first checkpoint
         if st["last_error"] or st["checkpoints_written"] != spec["checkpoints"]:
             raise RuntimeError(f"ravex wrote {st['checkpoints_written']} checkpoints: {st['last_error']}")
         ravex.deactivate()

@@ -96,7 +96,7 @@ class RavexConfig:
     full_stage_every: int = 10
     #: most bytes of host memory the staging buffers may hold (None: the state's size). A state
     #: larger than this stages what fits and the writer reads the rest from the live tensors
-    #: while the training loop waits: the stall grows, the checkpoint is the same
+    #: while the training loop waits: the stall grows, the checkpoint is the same (0: no cap)
     staging_max_bytes: int | None = None
     backend: str = "zarr"
     checkpoint_on_exit: bool = True
