@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--checkpoints", type=int, help="checkpoint/quiet cycle pairs per process; default 6")
     g.add_argument("--contenders", help="comma list (default: bare copy,ravex,dcp.async_save,torch.save)")
     g.add_argument("--ab", help="also Ravex variants, comma list (page cache,2 writer threads,"
-                                "8 writer threads) or all")
+                                "8 writer threads,prepare at normal priority,no prepare,staging cap 256 MiB) "
+                                "or all")
     g.add_argument("--dir", default=tempfile.gettempdir(), help="scratch folder on the disk under test")
     g.add_argument("--out", help="JSON path; default benchmarks/out/goodput[-quick].json")
     g.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")

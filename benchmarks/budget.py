@@ -155,6 +155,20 @@ def tables(res: dict[str, Any]) -> list[Table]:
                   _f(v / lost["ravex"], ".2f") + "x" if lost.get("ravex") else "-",
                   _f(v / copy, ".2f") + "x" if copy and copy > 0 else "-",
                   _f(m["cpu_per_checkpoint_s"][n])] for n, v in lost.items()]))
+            if "first_stall_s" in m:  # issue 26: where the lost time goes, first checkpoint, host memory
+                out.append((
+                    f"(h) {mode} model: the lost time in parts (stall + iterations slowed + write left at the end), "
+                    "the first checkpoint's stall against the later ones', and the peak RSS added",
+                    ["contender", "stall s", "slowed s", "flush s", "first stall s", "later stall s", "first / later",
+                     "RSS added GiB", "/ state"],
+                    [[n, _f(m["blocks_s"][n]), _f(m["slowed_per_checkpoint_s"][n]), _f(m["flush_per_checkpoint_s"][n]),
+                      _f(m["first_stall_s"][n]), _f(m["later_stall_s"][n]),
+                      _f(m["first_over_later_stall"][n], ".2f") + "x" if m["first_over_later_stall"][n] else "-",
+                      _f(m["rss_added_bytes"][n] / (1 << 30)), _f(m["rss_added_over_state"][n], ".2f") + "x"]
+                     for n in lost]))
+            for n, ph in (m.get("phase_median_s") or {}).items():
+                out.append((f"(h) {mode} model, {n}: its own timers per checkpoint, median (hash, encode, write: "
+                            "seconds summed over the writer's threads)", list(ph), [[_f(v) for v in ph.values()]]))
     e = res.get("e_load")
     if e:
         out.append((f"(e) load and resume, {e['bytes'] / (1 << 30):.2f} GiB, warm page cache",

@@ -47,11 +47,18 @@ REPO = os.path.dirname(HERE)
 
 CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save")
 #: Ravex with one measure undone or changed, set on the child's modules before ``activate()``:
-#: ``{name: {"module:attribute": value}}`` (``--ab NAME,...``; ``--ab all``).
+#: ``{name: {"module:attribute": value}}``, or ``"activate:key"`` for an ``activate()`` keyword
+#: (``--ab NAME,...``; ``--ab all``).
 VARIANTS: dict[str, dict[str, Any]] = {
     "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
     "ravex, 2 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 2},
     "ravex, 8 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 8},
+    # issue 26: staging memory faulted in before the first checkpoint, on idle cores (as shipped),
+    # at normal priority, or not at all
+    "ravex, prepare at normal priority": {"ravex.saving.stager:PREPARE_IDLE": False},
+    "ravex, no prepare": {"ravex.saving.stager:PREPARE_MIN_BYTES": 1 << 62},
+    # issue 26: a host that cannot hold a second copy of the state (an ``activate()`` keyword)
+    "ravex, staging cap 256 MiB": {"activate:staging_max_bytes": 256 << 20},
 }
 MODES = ("full", "frozen")
 #: Ravex's figure over each peer's: (contender, ratio key)
@@ -174,8 +181,12 @@ class _Ravex:
 
         import ravex
 
+        keywords: dict[str, Any] = {}
         for target, value in spec.get("settings", {}).items():
             module, attr = target.split(":")
+            if module == "activate":
+                keywords[attr] = value
+                continue
             owner: Any = importlib.import_module(module)
             *outer, last = attr.split(".")
             for name in outer:  # "Class.ATTRIBUTE"
@@ -183,7 +194,8 @@ class _Ravex:
             setattr(owner, last, value)
         self.ravex = ravex
         ravex.activate(storage=os.path.join(spec["dir"], "ravex"), checkpoint_every=None, keep_last=2,
-                       resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+                       resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING",
+                       **keywords)
 
     def checkpoint(self, step: int) -> None:
         if not self.ravex.checkpoint():
@@ -220,10 +232,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     for _ in range(spec["warmup"]):
         iteration()
-    kind = _KINDS["ravex" if spec["contender"].startswith("ravex") else spec["contender"]]
+    is_ravex = spec["contender"].startswith("ravex")
+    kind = _KINDS["ravex" if is_ravex else spec["contender"]]
+    rss_before = _rss_reset_peak()
     ck = kind(model, opt, spec)
     out: dict[str, Any] = {"quiet_s": [], "quiet_cpu_s": [], "checkpoint_s": [], "checkpoint_cpu_s": [],
-                           "blocks_s": [], "flush_s": []}
+                           "blocks_s": [], "busy_s": [], "flush_s": [], "phases": []}
     step = spec["warmup"]
     for _ in range(spec["checkpoints"]):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -241,17 +255,51 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         out["checkpoint_s"].append(t4 - t1)
         out["checkpoint_cpu_s"].append(c4 - c1)
         out["blocks_s"].append(t2 - t1)
+        out["busy_s"].append(t3 - t2)
         out["flush_s"].append(t4 - t3)
+        if is_ravex:  # where this checkpoint's time went, as the backend measured it
+            import ravex
+
+            out["phases"].append(dict(ravex.status()["last_write_seconds"] or {}))
         step += spec["every"]
+    out["rss_before_bytes"], out["rss_peak_bytes"] = rss_before, _rss_peak()
     if spec["contender"].startswith("ravex"):
         import ravex
 
         st = ravex.status()
         out["checkpoints_written"], out["last_error"] = st["checkpoints_written"], st["last_error"]
+        out["staging_prepared"] = st["staging_prepared"]  # bytes faulted in before the first checkpoint
         if st["last_error"] or st["checkpoints_written"] != spec["checkpoints"]:
             raise RuntimeError(f"ravex wrote {st['checkpoints_written']} checkpoints: {st['last_error']}")
         ravex.deactivate()
     return out
+
+
+def _proc_status(field: str) -> int:
+    """A ``/proc/self/status`` figure in bytes (``VmRSS``, ``VmHWM``); 0 where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _rss_reset_peak() -> int:
+    """The resident set now, with the peak (``VmHWM``) reset to it (``clear_refs`` 5, Linux), so
+    that the peak read at the end is what the contender added on top of the trained state."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _proc_status("VmRSS")
+
+
+def _rss_peak() -> int:
+    return _proc_status("VmHWM")
 
 
 # ---- the parent: every contender in turn ----------------------------------------------------------
@@ -292,7 +340,41 @@ def _run_one(cfg: Config, mode: str, name: str) -> dict[str, Any]:
     res["lost_per_checkpoint_s"] = statistics.median(res["lost_s"])
     res["cpu_per_checkpoint_s"] = statistics.median(res["cpu_lost_s"])
     res["mean_lost_per_checkpoint_s"] = statistics.fmean(res["lost_s"])
+    # the lost time in three parts: the stall, the iterations the background work slowed, and
+    # the write still running after them (what the next checkpoint would wait for)
+    res["slowed_s"] = [b - q for b, q in zip(res["busy_s"], res["quiet_s"], strict=True)]
+    res["slowed_per_checkpoint_s"] = statistics.median(res["slowed_s"])
+    res["flush_per_checkpoint_s"] = statistics.median(res["flush_s"])
+    # issue 26: the first checkpoint of a process (fresh staging memory) against the later ones
+    res["first_stall_s"] = res["blocks_s"][0]
+    later = res["blocks_s"][1:]
+    res["later_stall_s"] = statistics.median(later) if later else None
+    res["first_over_later_stall"] = (res["first_stall_s"] / res["later_stall_s"]
+                                     if res["later_stall_s"] else None)
+    # host memory the contender added on top of the trained state, at its peak
+    res["rss_added_bytes"] = max(0, res["rss_peak_bytes"] - res["rss_before_bytes"])
+    nbytes, _ = _state_bytes(cfg, mode)
+    res["rss_added_over_state"] = res["rss_added_bytes"] / nbytes
+    if res["phases"]:  # Ravex's own timers, median over the checkpoints
+        keys = sorted({k for p in res["phases"] for k in p})
+        res["phase_median_s"] = {k: statistics.median(p.get(k, 0.0) for p in res["phases"]) for k in keys}
     return res
+
+
+def _median_or_none(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
+
+
+def _rounded(v: Any) -> Any:
+    """``v`` with its floats (in lists and dicts too) to 4 places, for the JSON."""
+    if isinstance(v, float):
+        return round(v, 4)
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    return v
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -311,21 +393,27 @@ def run(cfg: Config) -> dict[str, Any]:
                 runs[name].append(r)
                 cfg.log(f"  rep {rep + 1}/{cfg.reps} {name:<40} lost {r['lost_per_checkpoint_s']:7.3f} s/ckpt "
                         f"(mean {r['mean_lost_per_checkpoint_s']:.3f}), cpu {r['cpu_per_checkpoint_s']:6.3f} s/ckpt, "
-                        f"blocks {statistics.median(r['blocks_s']):.3f} s (iteration {r['iteration_s']:.3f} s; "
+                        f"blocks {statistics.median(r['blocks_s']):.3f} s (first {r['first_stall_s']:.3f}), "
+                        f"slowed {r['slowed_per_checkpoint_s']:.3f} s, flush {r['flush_per_checkpoint_s']:.3f} s, "
+                        f"rss +{r['rss_added_bytes'] / (1 << 30):.2f} GiB (iteration {r['iteration_s']:.3f} s; "
                         f"load {os.getloadavg()[0]:.1f}; pairs {' '.join(f'{x:.2f}' for x in r['lost_s'])})")
+                if r.get("phase_median_s"):
+                    cfg.log("      phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                                                      r["phase_median_s"].items()))
         figures = {
-            key: {n: round(statistics.median(r[key] for r in rs), 4) for n, rs in runs.items()}
+            key: {n: _median_or_none([r[key] for r in rs]) for n, rs in runs.items()}
             for key in ("lost_per_checkpoint_s", "cpu_per_checkpoint_s", "mean_lost_per_checkpoint_s",
-                        "iteration_s")
+                        "iteration_s", "slowed_per_checkpoint_s", "flush_per_checkpoint_s", "first_stall_s",
+                        "later_stall_s", "first_over_later_stall", "rss_added_bytes", "rss_added_over_state")
         }
+        phases = {n: {k: round(statistics.median(r["phase_median_s"].get(k, 0.0) for r in rs), 4)
+                      for k in rs[0]["phase_median_s"]} for n, rs in runs.items() if rs[0].get("phase_median_s")}
         figures["blocks_s"] = {n: round(statistics.median(b for r in rs for b in r["blocks_s"]), 4)
                                for n, rs in runs.items()}
         lost = figures["lost_per_checkpoint_s"]
         entry: dict[str, Any] = {
-            "state_bytes": nbytes, "changed_bytes": changed, **figures,
-            "runs": {n: [{k: (round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v]
-                              if isinstance(v, list) else v) for k, v in r.items()} for r in rs]
-                     for n, rs in runs.items()},
+            "state_bytes": nbytes, "changed_bytes": changed, **figures, "phase_median_s": phases,
+            "runs": {n: [{k: _rounded(v) for k, v in r.items()} for r in rs] for n, rs in runs.items()},
         }
         ratios: dict[str, float | None] = {}
         if "ravex" in lost:

@@ -22,7 +22,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -245,6 +245,7 @@ class StepWriter:
         tree: Any,
         metadata: dict[str, str] | None = None,
         chunk_bytes: Mapping[str, int] | None = None,
+        on_read: Callable[[], None] | None = None,
     ) -> CommitStats:
         """Write ``tree`` as this rank's part of ``step``; returns when it is durable.
 
@@ -254,6 +255,12 @@ class StepWriter:
         only those rows' chunks; everything else keeps large ones. Unchanged chunks are
         reused across commits at the same chunk size; changing an array's chunk size
         rewrites it once. An :class:`ArrayShard` keeps its own ``chunk_rows``.
+
+        ``on_read`` is called once every byte of the tree's arrays has been read (hashed,
+        encoded and handed to storage), before the objects are published and the manifest
+        written: from then on the caller may change the arrays (a runtime that handed over its
+        live tensors rather than copies lets training go on). Not called if the commit fails
+        before that point.
         """
         started = time.perf_counter()
         sizes = _check_chunk_bytes(chunk_bytes)
@@ -429,6 +436,8 @@ class StepWriter:
                 stats.reused_chunks += arr.count - int(fresh_rows[arr.path][0].size)
                 stats.reused_bytes += d.reused_bytes()
             names = self._write_packs(layout, timings, pending)
+            if on_read is not None:  # nothing below reads an array's bytes
+                on_read()
             for path, key, s in small:
                 index, offset = layout.placed[s.identity]
                 chunk_maps[path][key] = ChunkRef(raw=s.raw, size=len(s.data), object=names[index], offset=offset)

@@ -38,7 +38,7 @@ from .chunking import chunk_bytes_for
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .loss import LastLoss
-from .plan import collect
+from .plan import collect, staged_sizes
 from .position import Loop, main_loop_site
 from .registry import KINDS, LoaderState
 from .resume import Resume
@@ -124,6 +124,7 @@ class Cadence(Resume):
         self._steps_here += 1
         if self._steps_here == 1:
             self._keep_alive()
+            self._prepare_staging()
         every = self.config.checkpoint_every
         if every and n % every == 0:
             self._due = True
@@ -282,6 +283,20 @@ class Cadence(Resume):
                            self.step, code)
             raise SystemExit(code)
         self._checkpoint_now(st, reason="interval")
+
+    def _prepare_staging(self) -> None:
+        """At the first step (the optimizer's state exists by then): have the backend fault in
+        the staging memory of the state's CPU tensors in the background, so that the first
+        checkpoint stalls no longer than the later ones (issue 26). It holds no more memory
+        than the first checkpoint would allocate; nothing is done without a backend (one that
+        failed to open at activation opens at the first checkpoint)."""
+        backend = self.backend
+        if backend is None:
+            return
+        try:
+            backend.prepare(staged_sizes(self.registry))
+        except Exception as exc:  # an optimisation: the first checkpoint allocates as before
+            logger.debug("ravex: staging memory not prepared: %s", exc)
 
     def _keep_alive(self) -> None:
         """Hold the training objects until exit, so the exit checkpoint can still save them.

@@ -94,6 +94,10 @@ class RavexConfig:
     skip_unchanged: bool = True
     #: every N-th checkpoint copies every tensor anyway (1: every one, i.e. no skipping)
     full_stage_every: int = 10
+    #: most bytes of host memory the staging buffers may hold (None: the state's size). A state
+    #: larger than this stages what fits and the writer reads the rest from the live tensors
+    #: while the training loop waits: the stall grows, the checkpoint is the same (0: no cap)
+    staging_max_bytes: int | None = None
     backend: str = "zarr"
     checkpoint_on_exit: bool = True
     checkpoint_on_signal: list[str] = field(default_factory=lambda: ["SIGTERM"])
@@ -370,6 +374,7 @@ _VALIDATORS = {
     "chunk_tables": _bool,
     "skip_unchanged": _bool,
     "full_stage_every": _at_least_one,
+    "staging_max_bytes": _positive_int_or_none,
     "backend": _one_of(BACKENDS),
     "checkpoint_on_exit": _bool,
     "checkpoint_on_signal": _signals,

@@ -317,6 +317,8 @@ class RavexRuntime(Cadence):
             "checkpoints_written": backend.written if backend is not None else 0,
             "write_in_flight": bool(backend is not None and backend.busy),
             "last_stall_seconds": self.last_stall,
+            "last_write_seconds": backend.last_seconds if backend is not None else None,
+            "staging_prepared": backend.prepared if backend is not None else None,
             "last_log_line": backend.last_line if backend is not None else None,
             "last_error": (self.checkpoint_error or self.backend_error
                            or (backend.last_error if backend is not None else None)),

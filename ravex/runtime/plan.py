@@ -51,6 +51,19 @@ def script_name() -> str | None:
     return os.path.basename(path) if isinstance(path, str) else None
 
 
+def staged_sizes(registry: Registry) -> list[int]:
+    """Byte sizes of the CPU tensors :func:`collect` would hold from the models and optimizers
+    (the bulk of a checkpoint), for staging memory prepared before the first checkpoint; a
+    size that turns out wrong only costs that tensor the allocation it would have had anyway."""
+    tensors: list[torch.Tensor] = [t for m in registry.models() for t in m.state_dict().values()
+                                   if isinstance(t, torch.Tensor)]
+    for o in registry.live("optimizers"):
+        tensors.extend(v for state in o.state.values() if isinstance(state, dict)
+                       for v in state.values() if isinstance(v, torch.Tensor))
+    return [t.numel() * t.element_size() for t in tensors
+            if t.device.type == "cpu" and t.layout == torch.strided and not t.is_meta]
+
+
 def collect(registry: Registry, step: int, active_loader: LoaderState | None,
             loops: list[dict[str, Any]], script: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole training state as one tree, tensors aliasing live memory; ``loops`` are

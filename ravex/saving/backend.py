@@ -85,8 +85,23 @@ class CheckpointBackend(ABC):
         self.written = 0
         self.last_written_step: int | None = None
         self.last_line: str | None = None
+        #: where the last written checkpoint's time went, in seconds: the training loop's
+        #: ``wait`` and ``stage``, the writer thread's phases (:meth:`_phases`) and
+        #: ``background`` (handoff to durable); ``status()["last_write_seconds"]``
+        self.last_seconds: dict[str, float] | None = None
 
     # ── saving ──────────────────────────────────────────────────────────
+
+    def prepare(self, sizes: list[int]) -> None:
+        """Make staging memory for tensors of these byte sizes ready in the background, so
+        that the first :meth:`save` does not fault it in while the loop waits
+        (:meth:`~ravex.saving.stager.Stager.prepare`)."""
+        self._stager.prepare(sizes)
+
+    @property
+    def prepared(self) -> dict[str, float] | None:
+        """What :meth:`prepare` made ready (bytes, wall and CPU seconds), once it is done."""
+        return self._stager.prepared
 
     def save(self, plan: SavePlan, outcomes: Outcomes | None = None) -> dict[str, float]:
         """Stage ``plan``'s tree and queue its write. Returns the blocking phases in seconds.
@@ -94,6 +109,10 @@ class CheckpointBackend(ABC):
         ``wait`` is the previous write still running (backpressure); ``stage`` is the
         copy into reused buffers. Both block the training loop; nothing else does. How
         the write ends is reported to ``outcomes`` from the writer thread.
+
+        Over ``staging_max_bytes`` the tensors left unstaged go to the writer live, and this
+        returns only once the writer has read them (``live``, part of the stall; its figure
+        in the manifest is ``wait`` + ``stage`` only, known before the write starts).
         """
         wait = self._saver.wait_idle()
         started = time.perf_counter()
@@ -103,7 +122,11 @@ class CheckpointBackend(ABC):
         # each rank's stall goes into its manifest: rank 0's line names the slowest rank from there
         metadata = {**plan.metadata, STALL_KEY: stall_ms(wait, stage)}
         job_plan = dataclasses.replace(plan, tree=staged, metadata=metadata)
-        self._saver.submit(Job(job_plan, stall, self._stager.nbytes, outcomes))
+        job = Job(job_plan, stall, self._stager.nbytes, outcomes)
+        self._saver.submit(job)
+        if self._stager.live_bytes:
+            job.released.wait()  # the writer reads live tensors: training may not change them yet
+            stall["live"] = time.perf_counter() - started - stage
         return stall
 
     @abstractmethod
@@ -113,6 +136,10 @@ class CheckpointBackend(ABC):
     @abstractmethod
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
         """The write half of the log line."""
+
+    def _phases(self, result: dict[str, Any]) -> dict[str, float]:
+        """The writer thread's phases of a written checkpoint, in seconds (default: none known)."""
+        return {}
 
     def _done(self, job: Job, result: dict[str, Any] | None, error: BaseException | None) -> None:
         """Writer thread: log the outcome and report it to the job's ``outcomes``."""
@@ -134,6 +161,7 @@ class CheckpointBackend(ABC):
         self.last_written_step = job.step
         self.last_error = None
         total = time.perf_counter() - job.submitted
+        self.last_seconds = {**job.stall, **self._phases(result or {}), "background": total}
         self.last_line = (
             f"ravex: checkpoint step {job.step}: {stall} | {self._describe(job, result or {})} | "
             f"in background {ms(total)} ms -> {self.url}"

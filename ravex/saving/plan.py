@@ -79,6 +79,7 @@ class SavingSettings(Protocol):
     keep_every: int | None
     skip_unchanged: bool
     full_stage_every: int
+    staging_max_bytes: int | None
 
 
 class Outcomes(Protocol):

@@ -28,6 +28,10 @@ class Job:
     nbytes: int
     outcomes: Outcomes | None = None
     submitted: float = field(default_factory=time.perf_counter)
+    #: set once the writer no longer reads the job's tree (its bytes are read, or the write
+    #: ended): a tree holding live tensors (over ``staging_max_bytes``) keeps training waiting
+    #: until then
+    released: threading.Event = field(default_factory=threading.Event)
 
     @property
     def step(self) -> int:
@@ -104,6 +108,7 @@ class AsyncSaver:
                 result = self._write(job)
             except BaseException as exc:  # a storage error must never reach training
                 error = exc
+            job.released.set()  # (the write ended: nothing reads the tree any more)
             try:
                 self._on_done(job, result, error)
             except Exception:  # pragma: no cover - logging must not kill the thread

@@ -209,7 +209,7 @@ class ZarrBackend(CheckpointBackend):
         tree = plan.tree if plan.layout is None else place(plan.tree, plan.layout)
         extra = {"chunk_bytes": dict(plan.chunk_bytes)} if plan.chunk_bytes else {}
         try:
-            return self._writer.commit(plan.step, tree, metadata=plan.metadata, **extra)
+            return self._writer.commit(plan.step, tree, metadata=plan.metadata, on_read=job.released.set, **extra)
         except BaseException:
             self._drop_writer()  # next interval starts from a fresh writer
             raise
@@ -300,6 +300,14 @@ class ZarrBackend(CheckpointBackend):
                 writer.close()
             except Exception:
                 pass
+
+    def _phases(self, result: dict[str, Any]) -> dict[str, float]:
+        """The commit's phases (hash, encode and write summed over the writer's threads;
+        manifest, refs and the commit's wall ``total``) and retention's ``gc``."""
+        out = {k: float(v) for k, v in (result["stats"].seconds or {}).items()}
+        if "gc" in result:
+            out["gc"] = float(result["gc"])
+        return out
 
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
         s = result["stats"]

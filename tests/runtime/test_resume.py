@@ -174,3 +174,15 @@ def test_finished_run_checkpoints_on_exit_and_a_rerun_passes_through(tmp_path, r
     assert second.returncode == 0 and second.resumed_from == STEPS, second.stderr
     assert second.losses == [] and second.stdout.count("EPOCH 2 DONE") == 1
     harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+
+def test_capped_staging_memory_resumes_bitwise(tmp_path, reference):
+    """``staging_max_bytes`` under the state's size (issue 26): the first weight is staged, every
+    other tensor is read by the writer in place while the loop waits. Killed at a random step,
+    the rerun (capped too) ends bitwise identical to the uninterrupted run."""
+    rng = random.Random(_seed())
+    kill_step = rng.randrange(EVERY + 1, STEPS - 1)
+    _workdir(tmp_path, staging_max_bytes=4096)
+    _, second = _kill_then_resume(tmp_path, "activate", 0, reference, None,
+                                  {"T_BLOCK_AT": f"step:{kill_step}"}, "BLOCKED")
+    assert second.resumed_from == (kill_step - 1) // EVERY * EVERY

@@ -1,0 +1,158 @@
+"""Staging memory made ready before the first checkpoint (``Stager.prepare``, issue 26): the
+first stage takes the prepared buffers, stages the same bytes as without them, stops a prepare
+still running rather than wait for it, and the runtime prepares at the first training step.
+How much it saves is measured in ``benchmarks/goodput.py``, not here."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+import ravex
+from ravex.saving import stager as _stager
+from ravex.saving.stager import PREPARE_MIN_BYTES, Stager
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(1024, 512, generator=g),  # 2 MiB
+        "half": torch.randn(1024, 1024, generator=g).to(torch.bfloat16),  # 2 MiB, another dtype
+        "twin": torch.randn(512, 1024, generator=g),  # the same byte size as "w"
+        "small": torch.randn(16, generator=g),  # under PREPARE_MIN_BYTES: left to the stage
+    }
+
+
+def _sizes(tree: dict[str, torch.Tensor]) -> list[int]:
+    return [t.numel() * t.element_size() for t in tree.values()]
+
+
+def test_the_first_stage_takes_the_prepared_buffers_and_the_bytes_are_the_same():
+    tree = _state()
+    s = Stager(as_numpy=False)
+    s.prepare([*_sizes(tree), 3 << 20])  # a size the state has no tensor of: freed after the stage
+    assert s._preparing is not None
+    s._preparing.join()
+    assert s.prepared is not None and s.prepared["bytes"] == sum(n for n in [*_sizes(tree), 3 << 20]
+                                                                 if n >= PREPARE_MIN_BYTES)
+    ready = {id(b) for bufs in s._ready.values() for b in bufs}
+    ready_ptrs = {b.data_ptr() for bufs in s._ready.values() for b in bufs}
+    out = s.stage(tree)
+    for k, t in tree.items():
+        assert out[k].dtype == t.dtype and out[k].shape == t.shape
+        assert torch.equal(out[k].view(torch.uint8) if t.dtype == torch.bfloat16 else out[k],
+                           t.view(torch.uint8) if t.dtype == torch.bfloat16 else t)
+        if t.numel() * t.element_size() >= PREPARE_MIN_BYTES:
+            assert out[k].data_ptr() in ready_ptrs, k  # a prepared buffer, not a fresh one
+            assert out[k].data_ptr() % 4096 == 0  # page-aligned, as the writer's direct writes want
+    assert ready and not s._ready  # what was left over is freed
+    again = s.stage(tree)
+    assert all(again[k].data_ptr() == out[k].data_ptr() for k in tree)  # reused, as before
+    s.prepare(_sizes(tree))  # once only
+    assert not s._ready
+    s.release()
+
+
+def test_a_prepare_still_running_is_stopped_by_the_first_stage(monkeypatch):
+    """The first stage does not wait for the whole prepare: it stops it after the piece in
+    hand, takes what is ready (a partly touched buffer too) and allocates the rest."""
+    gate, touched = threading.Event(), threading.Event()
+    real = _stager._touch
+
+    def slow_touch(buf: torch.Tensor) -> None:
+        real(buf)
+        touched.set()
+        gate.wait(5)
+
+    monkeypatch.setattr(_stager, "_touch", slow_touch)
+    tree = _state()
+    s = Stager(as_numpy=True)
+    s.prepare(_sizes(tree))
+    assert touched.wait(5)
+    threading.Timer(0.2, gate.set).start()  # the piece in hand ends only after the stage asked
+    out = s.stage(tree)
+    assert s.prepared is not None and s.prepared["stopped"] == 1.0
+    assert s.prepared["bytes"] < sum(_sizes(tree))
+    for k, t in tree.items():
+        assert np.array_equal(out[k].view(np.uint8), t.view(torch.uint8).numpy()), k
+    s.release()
+
+
+def test_the_runtime_prepares_at_the_first_step_and_resumes_bitwise(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 512)
+    ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=None, resume="never",
+                   checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+    try:
+        for _ in range(2):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert ravex.checkpoint()
+        ravex.flush()
+        st = ravex.status()
+        assert st["last_error"] is None and st["checkpoints_written"] == 1
+        # the 1 MiB weights and their two AdamW moments (the biases are under the threshold), or
+        # less where the checkpoint came before the idle thread was done and stopped it
+        assert st["staging_prepared"] is not None and 0 <= st["staging_prepared"]["bytes"] <= 6 * (1 << 20)
+        assert set(st["last_write_seconds"]) >= {"stage", "wait", "hash", "write", "manifest", "background"}
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        ravex.deactivate()
+    loaded = ravex.load(str(tmp_path / "ck"))
+    got = loaded["models"][0]["state"]
+    for k, v in saved.items():
+        assert torch.equal(torch.as_tensor(np.asarray(got[k])), v), k
+
+
+def test_over_the_cap_tensors_are_handed_over_live():
+    tree = _state()
+    s = Stager(as_numpy=True, max_bytes=(2 << 20) + 63)
+    s.prepare(_sizes(tree))  # no more than the cap: the first 2 MiB
+    s._preparing.join()
+    assert s.prepared["bytes"] == 2 << 20
+    out = s.stage(tree)
+    staged = [k for k in tree if not np.shares_memory(out[k], tree[k].view(torch.uint8).numpy())]
+    assert staged == ["w"]  # in the tree's order until the cap; "small" (64 bytes) no longer fits
+    assert s.live_bytes == sum(_sizes(tree)) - (2 << 20)
+    assert s._held == 2 << 20
+    for k, t in tree.items():
+        assert np.array_equal(out[k].view(np.uint8), t.view(torch.uint8).numpy()), k
+    s.release()
+
+
+def test_a_capped_checkpoint_waits_for_the_writer_and_loads_back_equal(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 256)
+    ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=None, resume="never", staging_max_bytes=1 << 18,
+                   checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+    try:
+        for _ in range(2):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert ravex.checkpoint()
+        st = ravex.status()
+        assert "live" in st["last_stall_seconds"]  # it waited for the writer to read the live tensors
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        moments = [v.clone() for s in opt.state.values() for v in s.values() if v.ndim]
+        for p in model.parameters():  # training goes on: the write must not see this
+            p.data.add_(1.0)
+        ravex.flush()
+        assert ravex.status()["last_error"] is None
+    finally:
+        ravex.deactivate()
+    loaded = ravex.load(str(tmp_path / "ck"))
+    for k, v in saved.items():
+        assert torch.equal(torch.as_tensor(np.asarray(loaded["models"][0]["state"][k])), v), k
+    got = [torch.as_tensor(np.asarray(v)) for s in loaded["optimizers"][0]["state"].values()
+           for v in s.values() if np.ndim(v)]
+    assert len(got) == len(moments) and all(torch.equal(a, b) for a, b in zip(got, moments, strict=True))
