@@ -82,6 +82,7 @@ class Resume:
         self._reentry_step: int | None = None  # the step whose loop position the rerun goes back to
         self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
         self._handed_over = False  # several ranks: this rank read the step with rank 0's manifests
+        self._loaders_elsewhere = False  # the script resumed its loop itself: loaders go where it asks
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -243,13 +244,18 @@ class Resume:
             position.put_variables(reentry.script, live)
 
     def _position_lost(self, why: str) -> None:
+        """The rerun cannot go back to the recorded position: the checkpoint is restored at the
+        next optimizer step instead. Where the script resumed its loop elsewhere itself (from a
+        file of its own), its DataLoaders start their epochs where the script asks, too: the
+        epochs and batches the checkpoint counted are not the ones this run's loop is at."""
         reentry = self.loop_position.give_up()
         if reentry is None:
             return
+        self._loaders_elsewhere = reentry.elsewhere
         logger.warning("ravex: cannot return to the loop at %s where checkpoint step %s was taken: "
-                       "%s; the checkpoint is restored at the next optimizer step and the loop "
-                       "goes on from where this run is", position.describe(reentry.script),
-                       self.resumed_from, why)
+                       "%s; the checkpoint is restored at the next optimizer step and %s on from where "
+                       "this run is", position.describe(reentry.script), self._reentry_step, why,
+                       "the loop and its DataLoaders go" if reentry.elsewhere else "the loop goes")
 
     def _load_resume(self) -> dict[str, Any] | None:
         """Read the newest readable candidate step; corrupt ones fall back with a warning."""
@@ -463,6 +469,8 @@ class Resume:
                              f"was not reached inside {loop.site}")
 
     def _loader_entry(self, loader: Any, st: LoaderState, force: bool = False) -> dict[str, Any] | None:
+        if self._loaders_elsewhere:
+            return None
         if not force and (st.resume_checked or (self._restored and self._resume_loaders is None)):
             return None
         st.resume_checked = True

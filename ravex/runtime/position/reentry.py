@@ -33,6 +33,11 @@ _Tracer = Callable[[FrameType, str, Any], Any]
 _MAX_DRAW = 10_000_000
 
 
+class ResumedElsewhere(LookupError):
+    """The script's own loop does not pass the recorded item (its ``range`` starts past it, or
+    it ends first): the script resumed itself, from a file of its own, somewhere else."""
+
+
 class Reentry:
     """Drives a rerun back to a recorded position (see the module docstring).
 
@@ -46,6 +51,8 @@ class Reentry:
         self.script = script
         self.restore_at = restore
         self.lost = lost
+        #: the position was given up because the script resumed its loop elsewhere itself
+        self.elsewhere = False
         self.mode = script["mode"]
         self.records: list[dict[str, Any]] = script["frames"]
         self.keys = {r["code"] for r in self.records}
@@ -101,6 +108,7 @@ class Reentry:
                 raise  # the checkpoint does not fit this run: the script stops here, never trains on
             except Exception as exc:  # never break the script: give the position up instead
                 self.stop()
+                self.elsewhere = isinstance(exc, ResumedElsewhere)
                 self.lost(f"{type(exc).__name__}: {exc}")
                 return None
         return self._local if self.active else None
@@ -162,7 +170,7 @@ class Reentry:
             try:
                 item = next(iterator)
             except StopIteration:
-                raise LookupError(f"the loop at line {loop['line']} ended before reaching "
+                raise ResumedElsewhere(f"the loop at line {loop['line']} ended before reaching "
                                   f"{_show(wanted)}") from None
             bound = source.bind(site.target, item)
             if bound is None:
@@ -208,7 +216,7 @@ def _skip_range(iterator: Any, targets: tuple[str, ...], wanted: dict[str, Any],
     value = wanted.get(targets[0])
     rest = span[index:]
     if isinstance(value, bool) or not isinstance(value, int) or value not in rest:
-        raise LookupError(f"the loop at line {line} runs over {rest}, which does not hold "
+        raise ResumedElsewhere(f"the loop at line {line} runs over {rest}, which does not hold "
                           f"{_show(wanted)} (the script started it elsewhere itself)")
     iterator.__setstate__(index + rest.index(value) + 1)
     return True
