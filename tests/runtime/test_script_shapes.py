@@ -253,3 +253,22 @@ def test_a_script_edited_since_the_checkpoint_is_told_and_still_restored(tmp_pat
     assert second.returncode == 0 and second.resumed_from == 10, second.explain()
     told = [line for line in second.stderr.splitlines() if "no longer there" in line]
     assert len(told) == 1 and "while loop of while_globals.py:<module> at line 56" in told[0], second.explain()
+
+
+def test_a_script_that_resumed_itself_past_the_checkpoint_trains_every_epoch_left(tmp_path):
+    """minGPT-ddp's own snapshot every two epochs: the checkpoint due at epoch 2's last step is
+    taken in the evaluation after the script saved its snapshot, so the rerun's loop, resumed by
+    the script to epoch 3, starts past the recorded position. It cannot go back there, says so
+    once, and its DataLoaders run the epochs the script asks for; before, they passed the epochs
+    the checkpoint had counted through empty, and the rerun trained nothing."""
+    shape = Shape("class_snapshot.py", 48, 4, env={"T_OWN_SNAPSHOTS": "1"})
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 4\n")
+    first = harness.run([harness.PYTHON, str(SHAPES / shape.script)], tmp_path,
+                        harness.child_env(**shape.env, T_ENTRY="activate", T_BLOCK_AT="26"), kill_on="BLOCKED")
+    assert first.returncode == -signal.SIGKILL, first.explain()
+    second = _run(shape, tmp_path, T_ENTRY="activate", T_OUT=str(tmp_path / "final.pt"))
+    assert second.returncode == 0 and second.resumed_from == 24, second.explain()
+    steps = [line.split()[1] for line in _output(second) if line.startswith("STEP ")]
+    assert steps == ["3"] * 12 + ["4"] * 12, second.explain()
+    told = [line for line in second.stderr.splitlines() if "cannot return to the loop" in line]
+    assert len(told) == 1 and "its DataLoaders go on" in told[0], second.explain()

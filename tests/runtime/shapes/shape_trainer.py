@@ -92,13 +92,18 @@ class SnapshotTrainer:
     """pytorch/examples' minGPT-ddp shape: ``for epoch in range(self.epochs_run, ...)`` whose
     body first does ``epoch += 1`` (the variable is not the item any more), an epoch method
     drawing a shuffled DataLoader through ``enumerate``, and the script's own snapshot of the
-    finished training, which it loads itself when it starts (a snapshot of its own newer than
-    Ravex's newest checkpoint moves the loop past the recorded position: not this shape)."""
+    finished training, which it loads itself when it starts. With ``save_every`` it also saves
+    its snapshot every that many epochs, and with ``evaluate`` it runs an evaluation loader after
+    each epoch, as minGPT-ddp does: a Ravex checkpoint due at an epoch's last step is then taken
+    in the evaluation, after the script's own snapshot of that epoch, and the rerun's loop
+    (resumed by the script from that snapshot) starts past the recorded position."""
 
-    def __init__(self, model, dataset, max_epochs, snapshot="snapshot.pt"):
+    def __init__(self, model, dataset, max_epochs, snapshot="snapshot.pt", save_every=0, evaluate=None):
         self.model, self.max_epochs, self.snapshot = model, max_epochs, snapshot
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         self.loader = DataLoader(dataset, batch_size=4, shuffle=True)
+        self.save_every = save_every
+        self.eval_loader = DataLoader(evaluate, batch_size=4) if evaluate is not None else None
         self.epochs_run = 0
         try:
             saved = torch.load(snapshot, weights_only=True)
@@ -118,10 +123,17 @@ class SnapshotTrainer:
             say(f"STEP {epoch} {i} {loss.item().hex()}")
             done_step()
 
+    def _evaluate(self, epoch):
+        with torch.no_grad():
+            losses = [F.cross_entropy(self.model(x).view(-1, 20), y.view(-1)) for x, y in self.eval_loader]
+        say(f"EVAL {epoch} {torch.stack(losses).mean().item().hex()}")
+
     def train(self):
         for epoch in range(self.epochs_run, self.max_epochs):
             epoch += 1
             self._run_epoch(epoch)
-            if epoch == self.max_epochs:
+            if epoch == self.max_epochs or (self.save_every and epoch % self.save_every == 0):
                 torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                             "epoch": epoch}, self.snapshot)
+            if self.eval_loader is not None:
+                self._evaluate(epoch)
