@@ -58,20 +58,19 @@ def test_the_first_stage_takes_the_prepared_buffers_and_the_bytes_are_the_same()
 def test_a_prepare_still_running_is_stopped_by_the_first_stage(monkeypatch):
     """The first stage does not wait for the whole prepare: it stops it after the piece in
     hand, takes what is ready (a partly touched buffer too) and allocates the rest."""
-    gate, touched = threading.Event(), threading.Event()
+    touched = threading.Event()
     real = _stager._touch
+    tree = _state()
+    s = Stager(as_numpy=True)
 
     def slow_touch(buf: torch.Tensor) -> None:
         real(buf)
         touched.set()
-        gate.wait(5)
+        s._stop_preparing.wait(30)  # the piece in hand ends only once the stage asked
 
     monkeypatch.setattr(_stager, "_touch", slow_touch)
-    tree = _state()
-    s = Stager(as_numpy=True)
     s.prepare(_sizes(tree))
-    assert touched.wait(5)
-    threading.Timer(0.2, gate.set).start()  # the piece in hand ends only after the stage asked
+    assert touched.wait(30)
     out = s.stage(tree)
     assert s.prepared is not None and s.prepared["stopped"] == 1.0
     assert s.prepared["bytes"] < sum(_sizes(tree))
@@ -80,19 +79,26 @@ def test_a_prepare_still_running_is_stopped_by_the_first_stage(monkeypatch):
     s.release()
 
 
-def test_the_runtime_prepares_at_the_first_step_and_resumes_bitwise(tmp_path):
+def _two_steps(tmp_path, width: int, **config: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Two Linear(width) layers and AdamW, Ravex active on ``tmp_path / "ck"``, two steps taken
+    (the caller deactivates)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(8, 512)
+    x = torch.randn(8, width)
     ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=None, resume="never",
-                   checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+                   checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING", **config)
+    for _ in range(2):
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, opt
+
+
+def test_the_runtime_prepares_at_the_first_step_and_resumes_bitwise(tmp_path):
     try:
-        for _ in range(2):
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        model, _ = _two_steps(tmp_path, 512)
         assert ravex.checkpoint()
         ravex.flush()
         st = ravex.status()
@@ -127,18 +133,8 @@ def test_over_the_cap_tensors_are_handed_over_live():
 
 
 def test_a_capped_checkpoint_waits_for_the_writer_and_loads_back_equal(tmp_path):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(8, 256)
-    ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=None, resume="never", staging_max_bytes=1 << 18,
-                   checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
     try:
-        for _ in range(2):
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        model, opt = _two_steps(tmp_path, 256, staging_max_bytes=1 << 18)
         assert ravex.checkpoint()
         st = ravex.status()
         assert "live" in st["last_stall_seconds"]  # it waited for the writer to read the live tensors
