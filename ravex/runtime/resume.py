@@ -174,18 +174,21 @@ class Resume:
 
     def _peek_position(self, step: int) -> dict[str, Any] | None:
         """Several ranks, or a step several wrote: this rank's script position in ``step`` (read
-        once; the rest of the step is resolved against the live objects at the restore). A rank the step's job did
-        not have (a rerun on more ranks) goes back to rank 0's position, with its variables:
-        every rank must run the same iterations, or the last ones would wait for the others
-        in a collective forever."""
+        once; the rest of the step is resolved against the live objects at the restore). A rank
+        the step's job did not have (a rerun on more ranks) goes back to rank 0's position, with
+        its variables: every rank must run the same iterations, or the last ones would wait for
+        the others in a collective forever."""
         if self._follows():  # its own manifest alone: one request (two for a new rank)
             assert self.backend is not None
-            for source in dict.fromkeys((self.rank, 0)):
-                try:
-                    return self._position_in(self.backend.peek_step(step, source, self.world_size))
-                except Exception:  # not written by this rank: rank 0's; unreadable: read (or fall back) later
-                    continue
-            return None
+            try:
+                return self._position_in(self.backend.peek_step(step, self.rank, self.world_size))
+            except Exception:  # none of this rank's (or unreadable: the agreed step is read later)
+                pass
+            try:
+                theirs = self.backend.peek_step(step, 0, self.world_size)
+            except Exception:
+                return None
+            return self._position_in(theirs) if theirs is not None and theirs.saved_world_size <= self.rank else None
         self._written_by_several(step)
         return self._position_in(self._peeked[1] if self._peeked is not None and self._peeked[0] == step else None)
 
