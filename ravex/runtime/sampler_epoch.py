@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 
 logger = logging.getLogger("ravex")
@@ -83,14 +82,10 @@ def remaining_batches(loader: Any, offset: int, saved: dict[str, Any] | None) ->
                        "before iterating, as the run that wrote it did)", drawn,
                        (saved["epoch"], saved["seed"], saved["shuffle"]))
         return None
-    n = len(sampler.dataset)  # type: ignore[arg-type]
-    if sampler.shuffle:
-        g = torch.Generator()
-        g.manual_seed(sampler.seed + sampler.epoch)
-        order: list[int] = torch.randperm(n, generator=g).tolist()
-    else:
-        order = list(range(n))
-    rest = order[offset:]
+    whole: DistributedSampler[Any] = DistributedSampler(sampler.dataset, num_replicas=1, rank=0,
+                                                        shuffle=sampler.shuffle, seed=sampler.seed)
+    whole.set_epoch(sampler.epoch)  # the epoch's one global order, as torch draws it for every rank
+    rest = list(whole)[offset:]
     replicas = sampler.num_replicas
     if sampler.drop_last:
         rest = rest[: len(rest) - len(rest) % replicas]
