@@ -37,7 +37,6 @@ class LoaderState:
     #: (a world-size change: :mod:`.sampler_epoch`), and the sampler record that order is of
     offset: int = 0
     offset_sampler: dict[str, Any] | None = None
-    resume: dict[str, Any] | None = None  # this loader's entry in the checkpoint, until used
     resume_checked: bool = False
     #: the epoch is drawn by explicit ``next()`` calls in a loop of the user's (not by a ``for``
     #: over it): its ``next()`` is no step boundary a rerun can return to; None until seen

@@ -99,14 +99,14 @@ def resolve(registry: Registry, loaded: LoadedStep, rank: int, world: int) -> di
     holds as a ``Shard(0)`` DTensor only for this rank's rows."""
     tree, reader = loaded.tree, loaded.reader
     saved_world, src = loaded.saved_world_size, loaded.saved_rank
-    if saved_world != world and rank == 0:
-        new = f"rank {saved_world} starts" if world == saved_world + 1 else f"ranks {saved_world}-{world - 1} start"
-        fresh = f"{new} fresh ones" if world > saved_world else "each rank's restored"
-        logger.warning("ravex: step %d was written by %d rank(s), this run has %d: model and "
-                       "optimizer state are resharded exactly; a DistributedSampler's epoch goes on "
-                       "with the samples the job has not seen, each once; RNG streams: %s",
-                       reader.step, saved_world, world, fresh)
     if saved_world != world:
+        if rank == 0:
+            new = f"rank {saved_world} starts" if world == saved_world + 1 else f"ranks {saved_world}-{world - 1} start"
+            fresh = f"{new} fresh ones" if world > saved_world else "each rank's restored"
+            logger.warning("ravex: step %d was written by %d rank(s), this run has %d: model and "
+                           "optimizer state are resharded exactly; a DistributedSampler's epoch goes on "
+                           "with the samples the job has not seen, each once; RNG streams: %s",
+                           reader.step, saved_world, world, fresh)
         for index, (loader, entry) in enumerate(zip(registry.live("loaders"), tree.get("loaders", []),
                                                     strict=False)):
             inexact = sampler_epoch.carry_over(entry, loader, saved_world, world)
