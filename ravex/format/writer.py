@@ -37,7 +37,7 @@ from .codecs import codecs_for, parse_compression, pipeline
 from .dtypes import DataType, from_numpy
 from .errors import RavexError, UnsupportedValueError
 from .gc import DEFAULT_GRACE_SECONDS
-from .hashing import digest
+from .hashing import KNOWN_MIN_BYTES, KnownDigests, digest
 from .manifest import ArrayEntry, Manifest, grid_of
 from .names import escape_key, object_key
 from .refs import refs_worth_writing, write_refs
@@ -246,6 +246,7 @@ class StepWriter:
         metadata: dict[str, str] | None = None,
         chunk_bytes: Mapping[str, int] | None = None,
         on_read: Callable[[], None] | None = None,
+        known: KnownDigests | None = None,
     ) -> CommitStats:
         """Write ``tree`` as this rank's part of ``step``; returns when it is durable.
 
@@ -261,6 +262,11 @@ class StepWriter:
         written: from then on the caller may change the arrays (a runtime that handed over its
         live tensors rather than copies lets training go on). Not called if the commit fails
         before that point.
+
+        ``known`` holds digests of chunks the caller hashed as it produced their bytes
+        (:data:`~ravex.format.hashing.KnownDigests`); a chunk found there is not hashed again.
+        Only arrays whose chunks are hashed one by one and are at least
+        :data:`~ravex.format.hashing.KNOWN_MIN_BYTES` look there (:func:`hashed_chunk_len`).
         """
         started = time.perf_counter()
         sizes = _check_chunk_bytes(chunk_bytes)
@@ -331,13 +337,15 @@ class StepWriter:
             pipe = pipeline(arr.codecs)
             reusable = base.get(pipe.codecs_json, {})
             full = arr.chunk_len
+            looked_up = known if known and full >= KNOWN_MIN_BYTES else None
             t = [0.0, 0.0, 0.0]
             out: list[tuple[ChunkRef | _Small, bool]] = []
             try:
                 t0 = time.perf_counter()
                 for _key, raw in batch:
+                    found = looked_up.get((_address(raw), raw.nbytes, full)) if looked_up and raw.nbytes else None
                     raw = pad(raw, full)
-                    raw_digest = digest(raw)
+                    raw_digest = found or digest(raw)
                     hit = reusable.get(raw_digest)
                     if hit is not None:
                         out.append((hit, False))
@@ -648,6 +656,25 @@ def rows_per_chunk(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEF
         return shape[0]
     n_chunks = max(1, math.ceil(shape[0] * row_bytes / chunk_bytes))
     return math.ceil(shape[0] / n_chunks)
+
+
+def hashed_chunk_len(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     rows: int | None = None) -> int | None:
+    """The bytes of each chunk of an array of this shape (an :class:`ArrayShard`'s local rows:
+    ``rows`` is its ``chunk_rows``) that :meth:`StepWriter.commit` hashes chunk by chunk and
+    looks up in ``known`` (chunks from offset 0, the last one padded to this length); None
+    where it does not: 0-d and empty arrays, chunks under
+    :data:`~ravex.format.hashing.KNOWN_MIN_BYTES` (chunk tables among them)."""
+    if not shape or not all(shape):
+        return None
+    rows = rows or rows_per_chunk(shape, itemsize, chunk_bytes)
+    chunk_len = rows * math.prod(shape[1:]) * itemsize
+    return chunk_len if chunk_len >= KNOWN_MIN_BYTES else None
+
+
+def _address(raw: memoryview) -> int:
+    """Where ``raw``'s first byte is in memory (the key of a known digest)."""
+    return int(np.frombuffer(raw, dtype=np.uint8).ctypes.data)
 
 
 def _batches(arr: _PlannedArray) -> Iterator[list[tuple[str, memoryview]]]:

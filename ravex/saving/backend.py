@@ -116,12 +116,12 @@ class CheckpointBackend(ABC):
         """
         wait = self._saver.wait_idle()
         started = time.perf_counter()
-        staged = self._stager.stage(plan.tree)
+        staged = self._stager.stage(plan.tree, plan.chunk_bytes)
         stage = time.perf_counter() - started
         stall = {"wait": wait, "stage": stage}
         # each rank's stall goes into its manifest: rank 0's line names the slowest rank from there
         metadata = {**plan.metadata, STALL_KEY: stall_ms(wait, stage)}
-        job_plan = dataclasses.replace(plan, tree=staged, metadata=metadata)
+        job_plan = dataclasses.replace(plan, tree=staged, metadata=metadata, known_digests=self._stager.known)
         job = Job(job_plan, stall, self._stager.nbytes, outcomes)
         self._saver.submit(job)
         if self._stager.live_bytes:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ravex.format.hashing import KnownDigests
     from ravex.format.runs import RunRecord
 
 
@@ -52,6 +53,8 @@ class SavePlan:
     #: rank 0 of a run: what the run was, for a backend that records runs (its ``run`` is
     #: filled there, with the id the manifests carry) to write once, before its first manifest
     run_record: RunRecord | None = None
+    #: digests of the staged tree's chunks, hashed as they were copied (the stager's ``known``)
+    known_digests: KnownDigests = field(default_factory=dict)
 
 
 class StorageSettings(Protocol):

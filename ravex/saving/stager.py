@@ -26,6 +26,13 @@ takes only what training leaves idle. If the first checkpoint comes before it is
 stage stops it after the piece in hand, takes what is ready and allocates the rest itself,
 as it always did: the first stall is never longer than without it.
 
+**Digests computed as the bytes are copied.** For the format backend, each large CPU tensor
+is copied chunk by chunk as the writer will chunk it (``ravex.format.writer.hashed_chunk_len``)
+and each chunk hashed as it lands (:mod:`.copier`); :attr:`Stager.known` hands the digests to
+the commit, which then does not read the staged bytes a second time to hash them. A tensor
+skipped as unchanged keeps its buffer and so its digests; any other way a buffer is filled
+(CUDA, the ``copy_`` fallback) or replaced drops them, so a digest never outlives its bytes.
+
 **A cap on staging memory** (``staging_max_bytes``). Staging holds a second copy of the state
 in host memory; a host that cannot afford it sets a cap. Tensors are given buffers in the
 order of the tree until the cap is reached; the CPU tensors left over are handed to the writer
@@ -45,13 +52,17 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from ravex.format.hashing import KnownDigests
+from ravex.format.names import escape_key
 from ravex.format.storage.direct import ALIGN
 from ravex.format.values import PLAIN_TYPES, all_plain
+from ravex.format.writer import DEFAULT_CHUNK_BYTES, hashed_chunk_len
 
 from .copier import Copier, byte_view
 from .dtypes import numpy_view
@@ -161,6 +172,13 @@ class Stager:
         self._seen: dict[Path, tuple[Any, tuple[Any, ...]]] = {}
         #: path -> the probe's sample of its buffer (a buffer changes only when we copy into it)
         self._buffer_sample: dict[Path, bytes] = {}
+        #: path -> digests of its buffer's chunks, hashed as they were copied (valid while the
+        #: buffer holds those bytes: dropped whenever it is filled another way or replaced)
+        self._digests: dict[Path, dict[tuple[int, int, int], str]] = {}
+        #: the last stage's known digests, for ``StepWriter.commit(known=)``
+        self.known: KnownDigests = {}
+        self._chunk_bytes: Mapping[str, int] = {}
+        self._staged_paths: list[Path] = []
         self._stages = 0
         self._copier = Copier()
         self._warned: set[str] = set()
@@ -229,8 +247,11 @@ class Stager:
         self._preparing = threading.Thread(target=run, name="ravex-prepare", daemon=True)
         self._preparing.start()
 
-    def stage(self, tree: Any) -> Any:
-        """Return a private copy of ``tree``; containers rebuilt, tensors into buffers."""
+    def stage(self, tree: Any, chunk_bytes: Mapping[str, int] | None = None) -> Any:
+        """Return a private copy of ``tree``; containers rebuilt, tensors into buffers.
+
+        ``chunk_bytes`` are the commit's own chunk sizes by array name (the writer's default
+        elsewhere): the chunks hashed while copying are the chunks the writer will look up."""
         if self._preparing is not None and self._preparing.is_alive():
             self._stop_preparing.set()  # it stops after the piece in hand; the rest is allocated here
             # an idle-priority thread on a busy machine may wait long for a core, the loop
@@ -249,6 +270,7 @@ class Stager:
             self.full = True  # ``p.data.add_(...)``: no counter moves, and a sample can miss rows
         self._cuda = False
         self._probes: list[tuple[Path, torch.Tensor, tuple[torch.Tensor, Any], int]] = []
+        self._chunk_bytes, self._staged_paths, self.known = chunk_bytes or {}, [], {}
         try:
             out = self._walk(tree, ())
             self._check_probes()  # (reads only skipped tensors' buffers, which no copy writes)
@@ -258,10 +280,12 @@ class Stager:
         except BaseException:
             self._copier.discard()
             self._seen.clear()  # buffers may be half filled: trust none of them next time
+            self._digests.clear()
             raise
         finally:
             self._probes = []
             self._ready.clear()  # prepared buffers the state had no use for are freed
+        self.known = {key: value for path in self._staged_paths for key, value in self._digests.get(path, {}).items()}
         self._stages += 1
         return out
 
@@ -290,10 +314,10 @@ class Stager:
         if isinstance(value, np.generic):
             return value.item()
         if kind is RowShard:  # this rank's rows of a sharded tensor: its local tensor is staged
-            return dataclasses.replace(value, local=self._tensor(value.local, path))
+            return dataclasses.replace(value, local=self._tensor(value.local, path, chunk_rows=value.chunk_rows))
         return value
 
-    def _tensor(self, tensor: torch.Tensor, path: Path, skippable: bool = True) -> Any:
+    def _tensor(self, tensor: torch.Tensor, path: Path, skippable: bool = True, chunk_rows: int | None = None) -> Any:
         src = tensor.detach()
         if src.is_sparse or src.layout != torch.strided:
             raise TypeError(f"tensor at {'/'.join(map(str, path))} has layout {src.layout}; "
@@ -306,6 +330,7 @@ class Stager:
             if entry is not None:
                 self._held -= entry[0].numel() * entry[0].element_size()
                 del self._buffers[path]
+                self._digests.pop(path, None)
             if self.max_bytes is not None and self._held + size > self.max_bytes:
                 live = self._live(src)
                 if live is not None:  # over the cap: the writer reads it in place, the loop waiting
@@ -317,6 +342,7 @@ class Stager:
             self._buffers[path] = entry
             self._held += size
             self._seen.pop(path, None)
+        self._staged_paths.append(path)
         skippable = skippable and not (bool(path) and isinstance(path[-1], str) and path[-1].endswith(_UNCOUNTED))
         ident = _identity(src) if skippable and self.skip_unchanged else None
         if ident is not None and not self.full:
@@ -325,7 +351,7 @@ class Stager:
                 self._probes.append((path, src, entry, size))
                 self.skipped_bytes += size
                 return entry[1]
-        self._copy(src, entry[0], size)
+        self._copy(src, entry[0], size, path, chunk_rows)
         self._buffer_sample.pop(path, None)
         self._seen.pop(path, None)
         if ident is not None:
@@ -354,8 +380,10 @@ class Stager:
             return ready.pop().view(src.dtype).view(src.shape)
         return _staging_buffer(src)
 
-    def _copy(self, src: torch.Tensor, buf: torch.Tensor, size: int) -> None:
-        """Copy now (CUDA: queued on the stream) or queue it for the shared CPU copy."""
+    def _copy(self, src: torch.Tensor, buf: torch.Tensor, size: int, path: Path, chunk_rows: int | None) -> None:
+        """Copy now (CUDA: queued on the stream) or queue it for the shared CPU copy, which
+        hashes the chunks the writer will look up as it copies them."""
+        self._digests.pop(path, None)  # the buffer's bytes change: its old digests go
         if src.is_cuda:
             self._cuda = True
             buf.copy_(src, non_blocking=True)
@@ -365,9 +393,20 @@ class Stager:
             if src_bytes is None or dst_bytes is None:
                 _copy_cpu(buf, src)
             else:
-                self._copier.add(src_bytes, dst_bytes)
+                chunk_len = self._hashed_chunk_len(src, path, chunk_rows) if self.as_numpy else None
+                digests: dict[tuple[int, int, int], str] | None = None
+                if chunk_len:
+                    digests = self._digests[path] = {}
+                self._copier.add(src_bytes, dst_bytes, chunk_len, digests)
         self.copied_bytes += size
         self.copied_tensors += 1
+
+    def _hashed_chunk_len(self, src: torch.Tensor, path: Path, chunk_rows: int | None) -> int | None:
+        """The chunk length the writer hashes ``src``'s array in (None: not chunk by chunk)."""
+        chunk_bytes = DEFAULT_CHUNK_BYTES
+        if self._chunk_bytes:
+            chunk_bytes = self._chunk_bytes.get("/".join(escape_key(str(k)) for k in path), chunk_bytes)
+        return hashed_chunk_len(tuple(src.shape), src.element_size(), chunk_bytes, chunk_rows)
 
     def _check_probes(self) -> None:
         """Compare a few elements of each skipped tensor with its buffer; copy on a mismatch.
@@ -397,7 +436,7 @@ class Stager:
             self._warn_once(name, f"ravex: tensor {name!r} changed without bumping its version counter "
                             "(a fused/custom kernel, a .data or numpy write); copying it")
             self.skipped_bytes -= size
-            self._copy(src, entry[0], size)
+            self._copy(src, entry[0], size, path, None)
             self._buffer_sample.pop(path, None)
             self._seen.pop(path, None)  # its counter cannot be trusted: copied until it moves
 
@@ -416,6 +455,8 @@ class Stager:
         self._held = 0
         self._seen.clear()
         self._buffer_sample.clear()
+        self._digests.clear()
+        self.known = {}
 
 
 def _staging_buffer(src: torch.Tensor) -> torch.Tensor:

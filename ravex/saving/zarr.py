@@ -209,7 +209,8 @@ class ZarrBackend(CheckpointBackend):
         tree = plan.tree if plan.layout is None else place(plan.tree, plan.layout)
         extra = {"chunk_bytes": dict(plan.chunk_bytes)} if plan.chunk_bytes else {}
         try:
-            return self._writer.commit(plan.step, tree, metadata=plan.metadata, on_read=job.released.set, **extra)
+            return self._writer.commit(plan.step, tree, metadata=plan.metadata, on_read=job.released.set,
+                                       known=plan.known_digests, **extra)
         except BaseException:
             self._drop_writer()  # next interval starts from a fresh writer
             raise
