@@ -170,7 +170,7 @@ def _goodput_config(args: argparse.Namespace, scratch: str, log: Any) -> Any:
     from . import goodput
 
     cfg = goodput.quick() if args.quick else goodput.Config()
-    for opt in ("reps", "width", "batch", "checkpoints"):
+    for opt in ("reps", "width", "batch", "checkpoints", "threads"):
         if getattr(args, opt, None):
             setattr(cfg, opt, getattr(args, opt))
     if getattr(args, "modes", None):
@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--batch", type=int, help="rows per iteration; default 16")
     g.add_argument("--modes", help="comma list: full,frozen (default both)")
     g.add_argument("--checkpoints", type=int, help="checkpoint/quiet cycle pairs per process; default 6")
+    g.add_argument("--threads", type=int, help="torch threads in the loop (default: every core; 1 here leaves a "
+                   "core idle, as a GPU-bound loop does)")
     g.add_argument("--contenders", help="comma list (default: bare copy,ravex,dcp.async_save,torch.save)")
     g.add_argument("--ab", help="also Ravex variants, comma list (page cache,2 writer threads,"
                                 "8 writer threads,prepare at normal priority,no prepare,staging cap 256 MiB) "

@@ -146,7 +146,8 @@ def tables(res: dict[str, Any]) -> list[Table]:
             copy = lost.get("bare copy")
             out.append((
                 f"(h) {mode} model, {m['state_bytes'] / (1 << 30):.3f} GiB state ({m['changed_bytes'] / (1 << 30):.3f} "
-                f"GiB changing): training time lost per checkpoint, busy loop ({c['every']} quiet iterations vs "
+                f"GiB changing): training time lost per checkpoint, busy loop{_threads(c)} "
+                f"({c['every']} quiet iterations vs "
                 f"checkpoint + {c['every']} iterations + flush, median of {c['checkpoints']} pairs, median of "
                 f"{c['reps']} processes; load {h['loadavg_start'][0]:.1f} at start)",
                 ["contender", "iteration s", "blocks s", "lost s / checkpoint", "/ ravex", "/ bare copy",
@@ -294,3 +295,8 @@ def plot(res: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _threads(config: dict[str, Any]) -> str:
+    """The goodput loop's torch threads where a run set them (``--threads``)."""
+    return f", torch threads {config['threads']}" if config.get("threads") else ""

@@ -57,6 +57,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # at normal priority, or not at all
     "ravex, prepare at normal priority": {"ravex.saving.stager:PREPARE_IDLE": False},
     "ravex, no prepare": {"ravex.saving.stager:PREPARE_MIN_BYTES": 1 << 62},
+    # issue 26: the writer hashes the staged chunks (a second pass over their bytes)
+    "ravex, hash after copying": {"ravex.saving.stager:HASH_WHILE_COPYING": False},
     # issue 26: a host that cannot hold a second copy of the state (an ``activate()`` keyword)
     "ravex, staging cap 256 MiB": {"activate:staging_max_bytes": 256 << 20},
 }
@@ -74,6 +76,9 @@ class Config:
     checkpoints: int = 6
     every: int = 3  # iterations per cycle
     warmup: int = 2
+    #: torch's intra-op threads in the loop; None: torch's default (every core). 1 on this
+    #: 2-core machine leaves a core idle, as a GPU-bound loop leaves the host's cores
+    threads: int | None = None
     reps: int = 1
     modes: tuple[str, ...] = MODES
     contenders: tuple[str, ...] = CONTENDERS
@@ -217,6 +222,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     warnings.filterwarnings("ignore")
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     model, opt = _build(spec)
     x = torch.randn(spec["batch"], spec["width"], generator=torch.Generator().manual_seed(1))
 
@@ -318,7 +325,7 @@ def _state_bytes(cfg: Config, mode: str) -> tuple[int, int]:
 def _run_one(cfg: Config, mode: str, name: str) -> dict[str, Any]:
     folder = tempfile.mkdtemp(prefix=f"goodput-{mode}-", dir=cfg.scratch)
     spec = {k: v for k, v in asdict(cfg).items() if k in ("width", "layers", "frozen_layers", "batch", "checkpoints",
-                                                          "every", "warmup")}
+                                                          "every", "warmup", "threads")}
     spec.update(mode=mode, contender=name, dir=folder, settings=VARIANTS.get(name, {}))
     out = folder + ".json"
     try:

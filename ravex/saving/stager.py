@@ -393,7 +393,8 @@ class Stager:
             if src_bytes is None or dst_bytes is None:
                 _copy_cpu(buf, src)
             else:
-                chunk_len = self._hashed_chunk_len(src, path, chunk_rows) if self.as_numpy else None
+                hashing = self.as_numpy and HASH_WHILE_COPYING
+                chunk_len = self._hashed_chunk_len(src, path, chunk_rows) if hashing else None
                 digests: dict[tuple[int, int, int], str] | None = None
                 if chunk_len:
                     digests = self._digests[path] = {}
@@ -482,6 +483,8 @@ PREPARE_MIN_BYTES = 1 << 20
 TOUCH_PIECE_BYTES = 8 << 20
 #: :meth:`Stager.prepare`'s thread takes only idle cores (False: normal priority, for A/Bs)
 PREPARE_IDLE = True
+#: the stage hashes the chunks it copies (False: the writer hashes them afterwards, for A/Bs)
+HASH_WHILE_COPYING = True
 
 
 def _normal_priority(tid: int | None) -> None:
