@@ -285,8 +285,9 @@ class Cadence(Resume):
         self._checkpoint_now(st, reason="interval")
 
     def _prepare_staging(self) -> None:
-        """At the first step (the optimizer's state exists by then): have the backend fault in
-        the staging memory of the state's CPU tensors in the background, so that the first
+        """At activation (what already exists: a model built before ``activate()``) and at the
+        first step (the optimizer's state exists by then): have the backend fault in the
+        staging memory of the state's CPU tensors in the background, so that the first
         checkpoint stalls no longer than the later ones (issue 26). It holds no more memory
         than the first checkpoint would allocate; nothing is done without a backend (one that
         failed to open at activation opens at the first checkpoint)."""

@@ -133,6 +133,7 @@ class RavexRuntime(Cadence):
         self._start_watch()
         self._wrap_excepthook()
         self.enabled = True
+        self._prepare_staging()  # what the scan found; the first step adds the optimizer's state
 
     def shutdown(self, final_checkpoint: bool = True) -> None:
         """Final checkpoint (``checkpoint_on_exit``), flush, close; remove patches."""

@@ -187,6 +187,9 @@ class Stager:
         self._preparing: threading.Thread | None = None
         self._stop_preparing = threading.Event()
         self._ready_lock = threading.Lock()
+        self._asked: list[int] = []  # every size :meth:`prepare` was asked for
+        self._queue: list[int] = []  # those its thread has yet to take
+        self._prepare_running = False
         #: what :meth:`prepare` did: bytes made ready, its wall and CPU seconds (its own thread)
         self.prepared: dict[str, float] | None = None
         self.nbytes = 0
@@ -207,45 +210,66 @@ class Stager:
     def prepare(self, sizes: list[int]) -> None:
         """Allocate and fault in CPU staging buffers of these byte sizes on a background thread,
         for the first :meth:`stage` to take (sizes under :data:`PREPARE_MIN_BYTES` are left to
-        it: malloc serves them from memory already resident). Once per Stager, before any stage;
-        later calls do nothing. At most the state's bytes, which the first stage would allocate."""
-        if self._preparing is not None or self._stages or self._buffers:
+        it: malloc serves them from memory already resident). Called again before the first
+        stage (the runtime calls it at activation with the model, then at the first step with
+        the optimizer's state as well), it adds the sizes the earlier calls did not ask for;
+        after the first stage it does nothing. At most the state's bytes, which the first stage
+        would allocate."""
+        if self._stages or self._buffers:
             return
         wanted = sorted((n for n in sizes if n >= PREPARE_MIN_BYTES), reverse=True)
-        if self.max_bytes is not None:  # no more than the cap lets the first stage hold
-            room, fitting = self.max_bytes, []
-            for n in wanted:
-                if n <= room:
-                    fitting.append(n)
-                    room -= n
-            wanted = fitting
-        if not wanted:
-            return
-        stop = self._stop_preparing
-
-        def run() -> None:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            _lowest_priority()
-            done = 0
-            try:
+        with self._ready_lock:
+            for n in self._asked:  # a multiset difference: each earlier size once
+                if n in wanted:
+                    wanted.remove(n)
+            if self.max_bytes is not None:  # no more than the cap lets the first stage hold
+                room, fitting = self.max_bytes - sum(self._asked), []
                 for n in wanted:
-                    buf = _aligned_block(n)
-                    for at in range(0, n, TOUCH_PIECE_BYTES):
-                        if stop.is_set():  # the first stage is due: a partly touched buffer is still good
-                            break
-                        _touch(buf[at:at + TOUCH_PIECE_BYTES])
-                        done += min(TOUCH_PIECE_BYTES, n - at)
-                    with self._ready_lock:
-                        self._ready.setdefault(n, []).append(buf)
-                    if stop.is_set():
-                        break
-            except MemoryError:  # the first stage allocates what is missing, as it did before
-                pass
-            self.prepared = {"bytes": float(done), "wall_s": time.perf_counter() - t0,
-                             "cpu_s": time.thread_time() - c0, "stopped": float(stop.is_set())}
-
-        self._preparing = threading.Thread(target=run, name="ravex-prepare", daemon=True)
+                    if n <= room:
+                        fitting.append(n)
+                        room -= n
+                wanted = fitting
+            if not wanted:
+                return
+            self._asked.extend(wanted)
+            self._queue.extend(wanted)
+            if self._prepare_running:  # the running thread takes them too
+                return
+            self._prepare_running = True
+        self._preparing = threading.Thread(target=self._prepare_queued, name="ravex-prepare", daemon=True)
         self._preparing.start()
+
+    def _prepare_queued(self) -> None:
+        """The prepare thread: faults in the queued sizes, largest first, until the queue is
+        empty or the first stage stops it."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        _lowest_priority()
+        stop, done = self._stop_preparing, 0
+        try:
+            while not stop.is_set():
+                with self._ready_lock:
+                    if not self._queue:  # (under the lock: a size queued after this starts a thread)
+                        self._prepare_running = False
+                        break
+                    n = self._queue.pop(0)
+                buf = _aligned_block(n)
+                for at in range(0, n, TOUCH_PIECE_BYTES):
+                    if stop.is_set():  # the first stage is due: a partly touched buffer is still good
+                        break
+                    _touch(buf[at:at + TOUCH_PIECE_BYTES])
+                    done += min(TOUCH_PIECE_BYTES, n - at)
+                with self._ready_lock:
+                    self._ready.setdefault(n, []).append(buf)
+        except MemoryError:  # the first stage allocates what is missing, as it did before
+            pass
+        finally:
+            with self._ready_lock:
+                self._prepare_running = False
+                earlier = self.prepared or {"bytes": 0.0, "wall_s": 0.0, "cpu_s": 0.0}
+                self.prepared = {"bytes": earlier["bytes"] + done,
+                                 "wall_s": earlier["wall_s"] + time.perf_counter() - t0,
+                                 "cpu_s": earlier["cpu_s"] + time.thread_time() - c0,
+                                 "stopped": float(stop.is_set())}
 
     def stage(self, tree: Any, chunk_bytes: Mapping[str, int] | None = None) -> Any:
         """Return a private copy of ``tree``; containers rebuilt, tensors into buffers.

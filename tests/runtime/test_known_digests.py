@@ -74,6 +74,22 @@ def test_a_commit_with_known_digests_writes_the_same_store(tmp_path):
     assert stores["known"] == stores["hashed"]
 
 
+def test_the_commit_hashes_only_what_is_not_known(tmp_path, monkeypatch):
+    import ravex.format.writer as writer
+
+    tree = {"w": torch.randn(2048, 4096), "b": torch.randn(9)}
+    stager = Stager(as_numpy=True)
+    staged = stager.stage(tree)
+    hashed: list[int] = []
+    real = writer.digest
+    monkeypatch.setattr(writer, "digest", lambda data: hashed.append(memoryview(data).nbytes) or real(data))
+    StepWriter(open_store(tmp_path / "s", create=True), delta=False).commit(1, staged, known=stager.known)
+    assert len(stager.known) == 2 and max(hashed) < KNOWN_MIN_BYTES  # only the small tensor, and JSON
+    hashed.clear()
+    StepWriter(open_store(tmp_path / "t", create=True), delta=False).commit(1, staged)
+    assert sorted(hashed)[-2:] == [16 << 20, 16 << 20]
+
+
 def test_no_digest_outlives_its_bytes():
     """Through in-place updates (copied again), skips (kept), a probe that catches a write the
     counter missed, a copy that cannot hash (dropped) and a shape change (a new buffer)."""

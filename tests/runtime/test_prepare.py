@@ -1,6 +1,7 @@
 """Staging memory made ready before the first checkpoint (``Stager.prepare``, issue 26): the
 first stage takes the prepared buffers, stages the same bytes as without them, stops a prepare
-still running rather than wait for it, and the runtime prepares at the first training step.
+still running rather than wait for it, and the runtime prepares at activation and at the first
+training step.
 How much it saves is measured in ``benchmarks/goodput.py``, not here."""
 
 from __future__ import annotations
@@ -55,6 +56,23 @@ def test_the_first_stage_takes_the_prepared_buffers_and_the_bytes_are_the_same()
     s.release()
 
 
+def test_a_second_prepare_adds_only_what_the_first_did_not_ask_for():
+    tree = _state()
+    sizes = _sizes(tree)
+    s = Stager(as_numpy=True)
+    s.prepare(sizes[:2])  # at activation: what exists then
+    s.prepare(sizes)  # at the first step: all of it, the first two again among it
+    assert s._preparing is not None
+    s._preparing.join()  # the one thread, or the second where the first had ended already
+    wanted = sorted(n for n in sizes if n >= PREPARE_MIN_BYTES)
+    assert sorted(n for n, bufs in s._ready.items() for _ in bufs) == wanted
+    assert s.prepared is not None and s.prepared["bytes"] == sum(wanted)
+    out = s.stage(tree)
+    for k, t in tree.items():
+        assert np.array_equal(out[k].view(np.uint8), t.view(torch.uint8).numpy()), k
+    s.release()
+
+
 def test_a_prepare_still_running_is_stopped_by_the_first_stage(monkeypatch):
     """The first stage does not wait for the whole prepare: it stops it after the piece in
     hand, takes what is ready (a partly touched buffer too) and allocates the rest."""
@@ -94,6 +112,19 @@ def _two_steps(tmp_path, width: int, **config: object) -> tuple[torch.nn.Module,
         loss.backward()
         opt.step()
     return model, opt
+
+
+def test_the_runtime_prepares_what_exists_at_activation(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024)  # built before activate(): the scan finds it
+    try:
+        ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=None, resume="never",
+                       checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
+        stager = ravex.runtime.lifecycle.get_runtime().backend._stager
+        assert stager._asked == [4 << 20]  # the weight; the bias is under the threshold
+    finally:
+        ravex.deactivate()
+    del model
 
 
 def test_the_runtime_prepares_at_the_first_step_and_resumes_bitwise(tmp_path):
