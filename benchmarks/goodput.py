@@ -45,7 +45,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save")
+CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save", "copy + O_DIRECT write")
 #: Ravex with one measure undone or changed, set on the child's modules before ``activate()``:
 #: ``{name: {"module:attribute": value}}``, or ``"activate:key"`` for an ``activate()`` keyword
 #: (``--ab NAME,...``; ``--ab all``).
@@ -64,7 +64,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 MODES = ("full", "frozen")
 #: Ravex's figure over each peer's: (contender, ratio key)
-PEERS = (("dcp.async_save", "dcp_async"), ("torch.save", "torch_save"), ("bare copy", "bare_copy"))
+PEERS = (("dcp.async_save", "dcp_async"), ("torch.save", "torch_save"), ("bare copy", "bare_copy"),
+         ("copy + O_DIRECT write", "copy_write"))
 
 
 @dataclass
@@ -131,6 +132,55 @@ class _BareCopy:
 
     def finish(self) -> None:
         pass
+
+
+class _CopyAndWrite(_BareCopy):
+    """The floor of any checkpointer that writes the bytes: the bare copy into page-aligned
+    buffers, then one background thread writing each buffer to its own file with ``O_DIRECT``
+    and an fsync, as Ravex's objects are written; no hashing, no format, no manifest."""
+
+    def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
+        import torch
+
+        from ravex.saving.stager import _aligned_block
+
+        super().__init__(model, opt, spec)
+        self.dst = [_aligned_block(t.numel() * t.element_size()).view(t.dtype).view(t.shape) for t in self.src]
+        for d in self.dst:
+            d.zero_()
+        self.torch, self.dir, self.thread = torch, spec["dir"], None
+        self.folders: list[str] = []
+
+    def checkpoint(self, step: int) -> None:
+        import threading
+
+        self.finish()
+        super().checkpoint(step)
+        self.thread = threading.Thread(target=self._write, args=(step,))
+        self.thread.start()
+
+    def _write(self, step: int) -> None:
+        from ravex.format.storage.direct import write_direct
+
+        folder = os.path.join(self.dir, f"step{step}")
+        os.makedirs(folder)
+        self.folders.append(folder)
+        for i, d in enumerate(self.dst):
+            path = os.path.join(folder, str(i))
+            data = memoryview(d.view(self.torch.uint8).numpy())
+            if not write_direct(path, data):
+                with open(path, "wb") as f:
+                    f.write(data)
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        while len(self.folders) > 2:  # disk: keep two, as Ravex's keep_last=2
+            shutil.rmtree(self.folders.pop(0), ignore_errors=True)
+
+    def finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
 
 
 class _TorchSave:
@@ -210,7 +260,8 @@ class _Ravex:
         self.ravex.flush()
 
 
-_KINDS = {"bare copy": _BareCopy, "torch.save": _TorchSave, "dcp.async_save": _DcpAsync, "ravex": _Ravex}
+_KINDS = {"bare copy": _BareCopy, "torch.save": _TorchSave, "dcp.async_save": _DcpAsync, "ravex": _Ravex,
+          "copy + O_DIRECT write": _CopyAndWrite}
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -246,17 +297,20 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"quiet_s": [], "quiet_cpu_s": [], "checkpoint_s": [], "checkpoint_cpu_s": [],
                            "blocks_s": [], "busy_s": [], "flush_s": [], "phases": []}
     step = spec["warmup"]
+    out["threads_cpu_s"] = []
     for _ in range(spec["checkpoints"]):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, h0 = time.perf_counter(), time.process_time(), _thread_cpu()
         cycle()
-        t1, c1 = time.perf_counter(), time.process_time()
+        t1, c1, h1 = time.perf_counter(), time.process_time(), _thread_cpu()
         step += spec["every"]
         ck.checkpoint(step)
         t2 = time.perf_counter()
         cycle()
         t3 = time.perf_counter()
         ck.finish()
-        t4, c4 = time.perf_counter(), time.process_time()
+        t4, c4, h4 = time.perf_counter(), time.process_time(), _thread_cpu()
+        out["threads_cpu_s"].append({k: h4.get(k, 0.0) - h1.get(k, 0.0) - (h1.get(k, 0.0) - h0.get(k, 0.0))
+                                     for k in set(h0) | set(h1) | set(h4)})
         out["quiet_s"].append(t1 - t0)
         out["quiet_cpu_s"].append(c1 - c0)
         out["checkpoint_s"].append(t4 - t1)
@@ -279,6 +333,28 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         if st["last_error"] or st["checkpoints_written"] != spec["checkpoints"]:
             raise RuntimeError(f"ravex wrote {st['checkpoints_written']} checkpoints: {st['last_error']}")
         ravex.deactivate()
+    return out
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads so far, by kind: the training thread, torch's
+    intra-op threads (threads Python did not start) and each named Python thread pool
+    (``ravex-stage``, ``ravex-write``, ...), so that a checkpoint cycle's CPU less the quiet
+    cycle's says which threads spent it."""
+    import threading
+
+    names = {t.native_id: t.name.split("_")[0].rstrip("0123456789-") for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        kind = names.get(int(tid), "intra-op")
+        kind = "training" if kind == "MainThread" else kind
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -362,6 +438,8 @@ def _run_one(cfg: Config, mode: str, name: str) -> dict[str, Any]:
     res["rss_added_bytes"] = max(0, res["rss_peak_bytes"] - res["rss_before_bytes"])
     nbytes, _ = _state_bytes(cfg, mode)
     res["rss_added_over_state"] = res["rss_added_bytes"] / nbytes
+    kinds = sorted({k for t in res["threads_cpu_s"] for k in t})
+    res["threads_cpu_median_s"] = {k: statistics.median(t.get(k, 0.0) for t in res["threads_cpu_s"]) for k in kinds}
     if res["phases"]:  # Ravex's own timers, median over the checkpoints
         keys = sorted({k for p in res["phases"] for k in p})
         res["phase_median_s"] = {k: statistics.median(p.get(k, 0.0) for p in res["phases"]) for k in keys}
@@ -404,6 +482,8 @@ def run(cfg: Config) -> dict[str, Any]:
                         f"slowed {r['slowed_per_checkpoint_s']:.3f} s, flush {r['flush_per_checkpoint_s']:.3f} s, "
                         f"rss +{r['rss_added_bytes'] / (1 << 30):.2f} GiB (iteration {r['iteration_s']:.3f} s; "
                         f"load {os.getloadavg()[0]:.1f}; pairs {' '.join(f'{x:.2f}' for x in r['lost_s'])})")
+                cfg.log("      CPU s / ckpt by thread (median): " + ", ".join(
+                    f"{k} {v:+.3f}" for k, v in r["threads_cpu_median_s"].items() if abs(v) >= 0.001))
                 if r.get("phase_median_s"):
                     cfg.log("      phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in
                                                                       r["phase_median_s"].items()))
@@ -417,6 +497,9 @@ def run(cfg: Config) -> dict[str, Any]:
                       for k in rs[0]["phase_median_s"]} for n, rs in runs.items() if rs[0].get("phase_median_s")}
         figures["blocks_s"] = {n: round(statistics.median(b for r in rs for b in r["blocks_s"]), 4)
                                for n, rs in runs.items()}
+        figures["threads_cpu_median_s"] = {  # CPU per checkpoint by thread, median over the processes
+            n: {k: round(statistics.median(r["threads_cpu_median_s"].get(k, 0.0) for r in rs), 4)
+                for k in sorted({k for r in rs for k in r["threads_cpu_median_s"]})} for n, rs in runs.items()}
         lost = figures["lost_per_checkpoint_s"]
         entry: dict[str, Any] = {
             "state_bytes": nbytes, "changed_bytes": changed, **figures, "phase_median_s": phases,

@@ -27,10 +27,13 @@ def test_goodput_quick_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(out.read_text())
     full = res["h_goodput"]["modes"]["full"]
-    assert set(full["lost_per_checkpoint_s"]) == {"bare copy", "ravex", "dcp.async_save", "torch.save"}
+    assert set(full["lost_per_checkpoint_s"]) == {"bare copy", "ravex", "dcp.async_save", "torch.save",
+                                                  "copy + O_DIRECT write"}
     for name, runs in full["runs"].items():
         assert len(runs[0]["quiet_s"]) == len(runs[0]["checkpoint_s"]) == 2, name
         assert len(runs[0]["lost_s"]) == 2, name
+        assert "training" in runs[0]["threads_cpu_median_s"], name  # where each checkpoint's CPU went
+    assert "ravex-writer" in full["runs"]["ravex"][0]["threads_cpu_median_s"]
     assert all(r["checkpoints_written"] == 2 for r in full["runs"]["ravex"])
     assert "ravex_over_dcp_async" in full["ratios"]
     assert any(row["goal"].startswith("(h)") for row in res["budget"])
