@@ -63,13 +63,23 @@ def cli(tmp_path: Path):
 
 
 async def settle(pilot) -> None:
-    """Until no worker runs and every message they posted is handled (workers start workers)."""
+    """Until no worker runs, every message they posted is handled (workers start workers) and
+    every table has measured the rows added to it. A table measures new rows when its message
+    queue is empty, and ``pilot.pause()`` judges idleness by the process's CPU time, which a
+    busy machine can fool: a snapshot taken then drew a refilled table with its old widths."""
     app = pilot.app
     for _ in range(20):
         await app.workers.wait_for_complete()
         await pilot.pause()
         if not any(w.is_running for w in app.workers):
             await pilot.pause()
-            if not any(w.is_running for w in app.workers):
+            if not any(w.is_running for w in app.workers) and not _tables_pending(app):
                 return
     raise AssertionError("workers never settled")
+
+
+def _tables_pending(app) -> bool:
+    """Whether a DataTable still has rows to measure (Textual's ``_require_update_dimensions``)."""
+    from textual.widgets import DataTable
+
+    return any(getattr(table, "_require_update_dimensions", False) for table in app.query(DataTable))
