@@ -34,6 +34,12 @@ def escape_key(key: str) -> str:
     return out
 
 
+def array_name(path: tuple[object, ...]) -> str:
+    """The name of the array at ``path`` in a tree, as manifests and ``chunk_bytes`` spell it:
+    its escaped keys joined by ``/`` (the root: ``%00``)."""
+    return "/".join(escape_key(str(k)) for k in path) or "%00"
+
+
 def unescape_key(segment: str) -> str:
     """Invert :func:`escape_key` (except for the empty key, which the tree keeps)."""
     return unquote(segment)

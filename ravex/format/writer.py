@@ -39,7 +39,7 @@ from .errors import RavexError, UnsupportedValueError
 from .gc import DEFAULT_GRACE_SECONDS
 from .hashing import KNOWN_MIN_BYTES, KnownDigests, digest
 from .manifest import ArrayEntry, Manifest, grid_of
-from .names import escape_key, object_key
+from .names import array_name, object_key
 from .refs import refs_worth_writing, write_refs
 from .tabledelta import TABLE_MIN_CHUNKS, TableDelta, hash_rows, pad, row_batches, row_view
 from .values import encode_value
@@ -284,7 +284,7 @@ class StepWriter:
         planned: dict[str, _PlannedArray] = {}
 
         def on_array(value: Any, path: tuple[Any, ...]) -> str:
-            name = "/".join(escape_key(str(k)) for k in path) or "%00"
+            name = array_name(path)
             if name in planned:
                 raise UnsupportedValueError(
                     f"two keys at {name!r} map to the same tensor name (e.g. 0 and '0' in one dict); rename one"

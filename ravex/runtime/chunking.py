@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ravex.format.names import escape_key
+from ravex.format.names import array_name
 
 from .plan import param_keys, param_names
 from .registry import Registry
@@ -85,5 +85,5 @@ def chunk_bytes_for(registry: Registry, tree: Any, chunk_bytes: int = SPARSE_CHU
                 node = None
                 break
         if isinstance(node, torch.Tensor) and node.dim() >= 1 and tuple(node.shape) == shape:
-            sizes["/".join(escape_key(str(k)) for k in path)] = chunk_bytes
+            sizes[array_name(path)] = chunk_bytes
     return sizes

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from ravex.format.hashing import KnownDigests
-from ravex.format.names import escape_key
+from ravex.format.names import array_name
 from ravex.format.storage.direct import ALIGN
 from ravex.format.values import PLAIN_TYPES, all_plain
 from ravex.format.writer import DEFAULT_CHUNK_BYTES, hashed_chunk_len
@@ -430,7 +430,7 @@ class Stager:
         """The chunk length the writer hashes ``src``'s array in (None: not chunk by chunk)."""
         chunk_bytes = DEFAULT_CHUNK_BYTES
         if self._chunk_bytes:
-            chunk_bytes = self._chunk_bytes.get("/".join(escape_key(str(k)) for k in path), chunk_bytes)
+            chunk_bytes = self._chunk_bytes.get(array_name(path), chunk_bytes)
         return hashed_chunk_len(tuple(src.shape), src.element_size(), chunk_bytes, chunk_rows)
 
     def _check_probes(self) -> None:
