@@ -124,7 +124,13 @@ class _BareCopy:
         trainable = [p for p in model.parameters() if p.requires_grad]
         moments = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim]
         self.src = [t.detach() for t in trainable + moments]
-        self.dst = [torch.zeros_like(t) for t in self.src]
+        self.dst = [self._buffer(t) for t in self.src]
+
+    def _buffer(self, t: Any) -> Any:
+        """A buffer for ``t``'s bytes, faulted in now."""
+        import torch
+
+        return torch.zeros_like(t)
 
     def checkpoint(self, step: int) -> None:
         for s, d in zip(self.src, self.dst, strict=True):
@@ -142,14 +148,15 @@ class _CopyAndWrite(_BareCopy):
     def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
         import torch
 
-        from ravex.saving.stager import _aligned_block
-
         super().__init__(model, opt, spec)
-        self.dst = [_aligned_block(t.numel() * t.element_size()).view(t.dtype).view(t.shape) for t in self.src]
-        for d in self.dst:
-            d.zero_()
         self.torch, self.dir, self.thread = torch, spec["dir"], None
         self.folders: list[str] = []
+
+    def _buffer(self, t: Any) -> Any:
+        """Page-aligned, as ``O_DIRECT`` wants (Ravex's staging buffers are the same)."""
+        from ravex.saving.stager import _aligned_block
+
+        return _aligned_block(t.numel() * t.element_size()).view(t.dtype).view(t.shape).zero_()
 
     def checkpoint(self, step: int) -> None:
         import threading
@@ -160,6 +167,7 @@ class _CopyAndWrite(_BareCopy):
         self.thread.start()
 
     def _write(self, step: int) -> None:
+        from ravex.format.storage.atomic import fsync_path
         from ravex.format.storage.direct import write_direct
 
         folder = os.path.join(self.dir, f"step{step}")
@@ -171,9 +179,7 @@ class _CopyAndWrite(_BareCopy):
             if not write_direct(path, data):
                 with open(path, "wb") as f:
                     f.write(data)
-            fd = os.open(path, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+            fsync_path(path)
         while len(self.folders) > 2:  # disk: keep two, as Ravex's keep_last=2
             shutil.rmtree(self.folders.pop(0), ignore_errors=True)
 
