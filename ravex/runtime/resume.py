@@ -232,8 +232,8 @@ class Resume:
         if finished and reentry is not None and reentry.script["frames"][-1]["after"]["line"] is None:
             self._restored = True  # nothing of the script follows its training: nothing to restore into
             self.drop_triggers()
-            logger.warning("ravex: this run had finished at step %s and nothing of the script follows "
-                           "its training: exiting without training again", self.resumed_from)
+            self._say_for_job(logging.WARNING, "ravex: this run had finished at step %s and nothing of the "
+                              "script follows its training: exiting without training again", self.resumed_from)
             return
         self.ensure_restored(partial=finished)
         early, self._early_rng = self._early_rng, None
@@ -385,27 +385,35 @@ class Resume:
         self.step = int(tree["ravex"]["step"])
         self.last_checkpoint_step = self.step
         self._resume_tree = None  # the tensors now live in the model; drop the copy
-        logger.info("ravex: resumed from step %d of %s (read %.1f ms%s, restore %.1f ms)",
-                    self.step, self.backend.url, self._load_seconds * 1000,
-                    ", the manifests from rank 0" if self._handed_over else "",
-                    (time.perf_counter() - started) * 1000)
+        self._say_for_job(logging.INFO, "ravex: resumed from step %d of %s (%sread %.1f ms%s, restore %.1f ms)",
+                          self.step, self.backend.url,
+                          f"{self.world_size} ranks; rank {self.rank}: " if self.world_size > 1 else "",
+                          self._load_seconds * 1000, ", the manifests from rank 0" if self._handed_over else "",
+                          (time.perf_counter() - started) * 1000)
         main_file = position.main_file()
         if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
             self.loop_position.last = (tree["script"], main_file)
         if self.loop_position.reentry is not None and self.loop_position.reentry.mode == "after":
             self._sync_loaders(tree)
             after = self.loop_position.reentry.script["frames"][-1]["after"]["line"]
-            logger.warning("ravex: this run had finished at step %d: its training is not run again%s",
-                           self.step, f"; the script goes on at {position.describe(self.loop_position.reentry.script)}"
-                           if after is not None else ", and nothing of the script follows it: exiting")
+            goes_on = (f"; the script goes on at {position.describe(self.loop_position.reentry.script)}"
+                       if after is not None else ", and nothing of the script follows it: exiting")
+            self._say_for_job(logging.WARNING, "ravex: this run had finished at step %d: its training is "
+                              "not run again%s", self.step, goes_on)
         elif self.loop_position.reentry is not None:
             self._sync_loaders(tree)
-            logger.info("ravex: back in the loop at %s where step %d was taken",
-                        position.describe(self.loop_position.reentry.script), self.step)
+            self._say_for_job(logging.INFO, "ravex: back in the loop at %s where step %d was taken",
+                              position.describe(self.loop_position.reentry.script), self.step)
         elif self.rank == 0 and not (self.loops_used or tree.get("loops") or tree.get("script")
                                      or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
             logger.warning("ravex: resumed step %d, but where the loop stood is unknown: %s", self.step,
                            advice())
+
+    def _say_for_job(self, level: int, message: str, *args: Any) -> None:
+        """A line that every rank of a job would print alike, the resume having gone as it
+        should: rank 0 prints it for the job, the other ranks at DEBUG (64 ranks would print 64
+        copies). What goes wrong on a rank is that rank's own line, printed where it happens."""
+        logger.log(level if self.rank == 0 else logging.DEBUG, message, *args)
 
     def restore_in_loop(self) -> None:
         """A wrapped loop (:mod:`.loops`) is back where the checkpoint was taken: restore, and

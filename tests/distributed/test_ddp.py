@@ -40,10 +40,13 @@ def test_sigkill_resume_is_bitwise_and_replicated_state_written_once(tmp_path, r
         assert got == {s: v for s, v in ref.losses(rank).items() if s in got}, "ravex perturbed training"
 
     out = tmp_path / "final.pt"
-    second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
+    second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out), RAVEX_LOG_LEVEL="DEBUG"))
     _check_resumed(second, ref, ref_state, out, expect=4)
-    # rank 1 read no manifest of rank 0's: rank 0 handed them over (issue 24)
+    # rank 1 read no manifest of rank 0's: rank 0 handed them over (issue 24); its line is
+    # DEBUG, the job's line is rank 0's
     assert second.stderr.count("the manifests from rank 0") == 1, second.explain()
+    assert second.stderr.count("ravex: resumed from step 4 ") == 2, second.explain()
+    assert second.stderr.count("(2 ranks; rank 0: read ") == 1, second.explain()
 
     store = open_store(cwd / "ckpt")
     assert {8, 12, 16} <= set(store.complete_steps())  # keep_last 3; GC may lag one step

@@ -33,6 +33,10 @@ def test_a_while_loop_resumes_on_every_rank_with_its_counter(tmp_path):
         assert min(resumed) == 10, second.explain()
         assert resumed == {s: v for s, v in ref.losses(rank).items() if s >= 10}, f"rank {rank}\n{second.explain()}"
     assert "where the loop stood is unknown" not in second.stderr, second.explain()
+    # one line each for the job, from rank 0, naming the ranks; each rank's own at DEBUG
+    said = [ln for ln in second.stderr.splitlines() if ln.startswith("ravex: ") and "checkpoint step" not in ln]
+    assert len([ln for ln in said if "resumed from step 10 " in ln and "(2 ranks" in ln]) == 1, second.stderr
+    assert len([ln for ln in said if "back in the loop at " in ln]) == 1, said
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_dir / "final.pt", weights_only=False))
 
 
