@@ -74,8 +74,15 @@ def test_sigkill_resume_is_bitwise_and_replicated_state_written_once(tmp_path, r
 def test_rank_killed_mid_write_leaves_a_step_every_rank_skips(tmp_path, reference):
     ref, ref_state = reference
     cwd = h.workdir(tmp_path, every=4)
+
+    def rank_1_in_step_8s_write_and_step_4_complete(lines: list[str]) -> bool:
+        # rank 1's IN-WRITE line can come before rank 0 has finished writing step 4 (a loaded
+        # machine); rank 0 goes on printing until its step 8 waits for that write, so a later
+        # line finds step 4 complete
+        return any(ln.startswith("IN-WRITE 1") for ln in lines) and 4 in open_store(cwd / "ckpt").complete_steps()
+
     first = h.run(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_IN_WRITE="2", T_BLOCK_RANK="1"),
-                  kill_when=h.any_line("IN-WRITE 1"))
+                  kill_when=rank_1_in_step_8s_write_and_step_4_complete)
     assert first.killed, first.explain()
     store = open_store(cwd / "ckpt")
     assert store.complete_steps() == [4]
