@@ -58,7 +58,8 @@ def activate(**overrides: Any) -> Any:
     When another run still writes the timeline this run would write (a requeued job whose
     predecessor is alive, the same script launched twice), this run must not train: the one
     line naming that run (host, pid, start) goes to stderr and the process exits with status 2,
-    as under ``ravex enable`` (catch ``SystemExit`` to do otherwise).
+    as under ``ravex enable`` (catch ``SystemExit`` to do otherwise). So does ``resume: never``
+    on a storage that already holds this timeline's steps, naming them and the fixes.
     """
     from ravex.runtime import lifecycle
 
@@ -70,13 +71,13 @@ def activate(**overrides: Any) -> Any:
                 "Set the options in ravex.yaml or RAVEX_* environment variables instead."
             )
         return runtime
-    from ravex.format.errors import TimelineBusyError
+    from ravex.errors import ConfigError, TimelineBusyError
     from ravex.runtime.config import RavexConfig
 
     config = RavexConfig.load(overrides)
     try:
         return lifecycle.start(config, scan_existing=True)
-    except TimelineBusyError as exc:
+    except (TimelineBusyError, ConfigError) as exc:  # the store refuses this run (ConfigError: `resume: never`)
         sys.stderr.write(f"ravex: {exc}\n")
         raise SystemExit(2) from None
 

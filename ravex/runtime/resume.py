@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
+from ravex.errors import ConfigError, LeaseLostError, RestoreError, TimelineBusyError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.load import read_refs
 
@@ -86,7 +86,10 @@ class Resume:
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
-        if resume == "never" or self.backend is None:
+        if self.backend is None:
+            return
+        if resume == "never":
+            self._refuse_a_store_with_steps(self.backend)
             return
         if resume == "auto" and self._follows():  # rank 0 lists; this rank guesses for its position
             newest = self.backend.newest_step_guess(self.rank)
@@ -104,6 +107,23 @@ class Resume:
                 self._triggers = patches.install_restore_triggers(self, forward=False)
             else:
                 self._triggers = patches.install_restore_triggers(self)
+
+    def _refuse_a_store_with_steps(self, backend: CheckpointBackend) -> None:
+        """``resume: never`` is a fresh run, whose steps would collide with the complete steps
+        already there (steps are immutable: every checkpoint would fail and the run would
+        train with none). Rank 0 stops the run at activation, before its first step, with the
+        fixes; the store is left as it is. (A fresh timeline of its own in the same store needs
+        a timeline without a parent, which the format does not have.)"""
+        if self.rank != 0:
+            return
+        steps = backend.complete_steps()
+        if steps:
+            held = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+            timeline = "" if backend.timeline_name is None else f" (timeline {backend.timeline_name!r})"
+            raise ConfigError(
+                f"`resume: never` asks for a fresh run, but {backend.url!r} already holds {held}{timeline}, "
+                "which a fresh run's steps would collide with. Point `storage` at a new location for a "
+                f"fresh run, or drop `resume: never` (RAVEX_RESUME) to go on from step {steps[-1]}")
 
     def _follows(self) -> bool:
         """Several ranks, ``resume: auto``, not rank 0: this rank lets rank 0 decide which steps

@@ -205,6 +205,11 @@ class CheckpointBackend(ABC):
         :meth:`claim` took. Default: nothing to lose."""
 
     @property
+    def timeline_name(self) -> str | None:
+        """The timeline this run resumes from and writes to; None for a backend without timelines."""
+        return None
+
+    @property
     def fork_pending(self) -> bool:
         """Several ranks resuming an older step: a new timeline is to be forked once they agree
         on the run (:meth:`fork_agreed`)."""

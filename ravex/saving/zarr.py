@@ -364,6 +364,11 @@ class ZarrBackend(CheckpointBackend):
                     step, resumed, self.timeline.timeline.name)
 
     @property
+    def timeline_name(self) -> str:
+        # docstring inherited
+        return str(self.timeline.timeline.name)
+
+    @property
     def fork_pending(self) -> bool:
         # docstring inherited
         return self._fork_from is not None

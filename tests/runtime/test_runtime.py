@@ -271,7 +271,12 @@ def test_resume_never_and_resume_at_a_given_step(tmp_path):
     _train(*_objects(), epochs=1, stop_after=7)
     ravex.flush()
     ravex.deactivate()
-    ravex.activate(storage=store, resume="never", checkpoint_on_exit=False)
+    # a fresh run on a timeline with steps would collide with them: refused at activation
+    # (tests/runtime/test_resume_never.py runs it as a script); nothing is left active
+    with pytest.raises(SystemExit) as stopped:
+        ravex.activate(storage=store, resume="never", checkpoint_on_exit=False)
+    assert stopped.value.code == 2 and not ravex.is_active()
+    ravex.activate(storage=str(tmp_path / "fresh"), resume="never", checkpoint_on_exit=False)
     _train(*_objects(), epochs=1, stop_after=1)
     assert ravex.status()["resumed_from"] is None and ravex.step() == 1
     ravex.deactivate()
