@@ -101,6 +101,11 @@ SCRIPTS = {
         build=nanogpt, cmd=NANOGPT_CMD, every=20,
         counter=r"^iter (\d+):", counter_desc="iter N", outputs=["out"],
     ),
+    # nanoGPT's own default: the model wrapped by torch.compile (inductor, C++ on the CPU)
+    "nanogpt-compile": dict(
+        build=nanogpt, cmd=NANOGPT_CMD.replace("--compile=False", "--compile=True"), every=20,
+        counter=r"^iter (\d+):", counter_desc="iter N", outputs=["out"],
+    ),
     "mnist": dict(
         build=mnist,
         cmd="main.py --epochs 4 --batch-size 64 --test-batch-size 500 --log-interval 5 --no-accel --save-model",

@@ -43,6 +43,11 @@ def _install():
             os.replace(tmp, _PROGRESS)
 
     def on_forward(module, args):
+        # inside a torch.compile'd forward the modules are dynamo's to trace (touching them
+        # here fails the trace: "already tracked for mutation"); the compiled wrapper itself
+        # was recorded eagerly when it was called
+        if torch.compiler.is_compiling():
+            return
         if id(module) not in modules:
             modules[id(module)] = module
 
