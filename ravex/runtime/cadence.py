@@ -427,10 +427,10 @@ class Cadence(Resume):
         rerun replays the steps after it exactly, rather than restoring the final state
         at the top of the loop and training on."""
         if not self.loop_position.finish():
-            logger.info("ravex: finished at step %d; the code after the training loop at %s needs "
-                        "what no checkpoint holds, so step %s stays the resume point (a rerun "
-                        "replays the steps after it exactly)", self.step, self.loop_position.last_place(),
-                        self.last_checkpoint_step)
+            self._say_for_job(logging.INFO, "ravex: finished at step %d; the code after the training loop at %s "
+                              "needs what no checkpoint holds, so step %s stays the resume point (a rerun "
+                              "replays the steps after it exactly)", self.step, self.loop_position.last_place(),
+                              self.last_checkpoint_step)
             return
         self._checkpoint_now(None, reason="exit")
 
