@@ -60,6 +60,11 @@ def activate(**overrides: Any) -> Any:
     line naming that run (host, pid, start) goes to stderr and the process exits with status 2,
     as under ``ravex enable`` (catch ``SystemExit`` to do otherwise). So does ``resume: never``
     on a storage that already holds this timeline's steps, naming them and the fixes.
+
+    In a process ``multiprocessing`` started that has no process group yet (a rank of
+    ``torch.multiprocessing.spawn`` importing the script again, a DataLoader worker started by
+    spawn), it starts nothing and returns None: Ravex starts when the process creates its
+    process group, with its rank, and never in a DataLoader worker (``ravex.runtime.spawned``).
     """
     from ravex.runtime import lifecycle
 
@@ -72,7 +77,12 @@ def activate(**overrides: Any) -> Any:
             )
         return runtime
     from ravex.errors import ConfigError, TimelineBusyError
+    from ravex.runtime import spawned
     from ravex.runtime.config import RavexConfig
+
+    if spawned.defers(sys._getframe(1).f_globals.get("__name__")):
+        spawned.defer_to_process_group(**overrides)  # a spawned rank or DataLoader worker
+        return None
 
     config = RavexConfig.load(overrides)
     try:

@@ -74,18 +74,6 @@ class TorchImportHook:
         return spec
 
 
-def _in_worker_process() -> bool:
-    """A DataLoader worker started by spawn imports torch too; it must not checkpoint."""
-    mp = sys.modules.get("multiprocessing")
-    if mp is None:
-        return False
-    try:
-        current = mp.current_process()
-        return bool(getattr(current, "_inheriting", False)) or mp.parent_process() is not None
-    except Exception:
-        return False
-
-
 #: ``python -m <one of these>`` is torchrun's launcher (``torch.distributed.launch``: its old name)
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
 
@@ -110,9 +98,15 @@ def _in_launcher() -> bool:
 
 
 def _activate() -> None:
-    if _in_worker_process() or _in_launcher():
+    if _in_launcher():
         return
     try:
+        from ravex.runtime import spawned
+
+        if spawned.in_child():  # a DataLoader worker, a spawned rank: ravex.runtime.spawned
+            if spawned.defers(None):
+                spawned.defer_to_process_group()
+            return
         from ravex.runtime.lifecycle import start_from_autoloader
 
         start_from_autoloader()

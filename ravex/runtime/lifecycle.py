@@ -32,7 +32,7 @@ from ravex.errors import RestoreError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 
-from . import frameworks, patches, runrecord
+from . import frameworks, patches, runrecord, spawned
 from .cadence import Cadence
 from .config import RavexConfig
 from .registry import LoaderState
@@ -122,6 +122,7 @@ class RavexRuntime(Cadence):
         _setup_logging(self.config.log_level)
         self._patches = patches.install(self)
         frameworks.watch(self, self._patches)
+        spawned.watch(self, self._patches)
         if scan_existing:
             self._scan_existing()
         self._open_backend()
@@ -192,6 +193,21 @@ class RavexRuntime(Cadence):
         st: LoaderState = self.registry.loader_state(loader)
         st.epoch = epoch - 1  # the next __iter__ is the saved epoch, not one passed through empty
         return True
+
+    @property
+    def steps_here(self) -> int:
+        """Optimizer steps this process has taken (a resumed run counts from 0 again)."""
+        return self._steps_here
+
+    def stand_down_for_spawned_ranks(self) -> None:
+        """This process starts the job's ranks (:mod:`.spawned`) and trains nothing itself: it
+        closes its store (the timeline's lease goes to the ranks' rank 0), removes its patches
+        and reports nothing at exit; the ranks each start their own runtime."""
+        logger.debug("ravex: this process starts the ranks with torch.multiprocessing; they checkpoint, "
+                     "it stands down")
+        self.enabled = False  # nothing to report: shutdown reports only for an enabled runtime
+        self.shutdown(final_checkpoint=False)
+        reset_runtime()
 
     def hand_over(self, why: str) -> None:
         """A framework checkpoints and resumes this run itself (Lightning, through Ravex's

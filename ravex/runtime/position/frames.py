@@ -41,7 +41,11 @@ def is_user(frame: FrameType) -> bool:
     in the standard library, an installed distribution or Ravex; a package installed
     editable lives in the user's tree and counts as theirs). Its loops are the ones a rerun
     must resume. A tool's ``__main__`` (``python -m pytest``) is not the user's script: under
-    it, the outermost frame of the user's code is a test function, not a script."""
+    it, the outermost frame of the user's code is a test function, not a script. Nor is code
+    with no file (``python -c``, which is how ``multiprocessing`` starts a spawned process:
+    its ranks' and workers' outermost frame)."""
+    if frame.f_code.co_filename.startswith("<"):
+        return False
     if is_main(frame):  # a script, or a console script without .py; not pytest's or another tool's __main__
         return not _installed_file(frame.f_code.co_filename)
     return user_code(frame.f_code)
@@ -69,6 +73,9 @@ def _installed_roots() -> tuple[str, ...]:
                                           "installed_platbase": prefix})
         roots.update(os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib"))
     roots.update(os.path.realpath(p) for p in site.getsitepackages())
+    # another environment's packages on the path (a .pth file, PYTHONPATH)
+    roots.update(os.path.realpath(p) for p in sys.path
+                 if os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages"))
     user_site = site.getusersitepackages()
     if isinstance(user_site, str):
         roots.add(os.path.realpath(user_site))
