@@ -45,10 +45,12 @@ def env_for(workdir, spec):
                                                  for p in spec.get("pythonpath", [])]
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=os.pathsep.join(path),
                RS_DUMP=os.path.join(workdir, "rs_dump.pt"), RS_PROGRESS=os.path.join(workdir, "rs_progress"))
-    for k in ("RAVEX_CONFIG", "RS_CHILD", "RS_SEED", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+    for k in ("RAVEX_CONFIG", "RS_CHILD", "RS_SEED", "RS_SPAWNED", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(k, None)
     if "seed" in spec:
         env["RS_SEED"] = str(spec["seed"])
+    if spec.get("spawned"):
+        env["RS_SPAWNED"] = "1"
     return env
 
 

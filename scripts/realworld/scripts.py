@@ -7,10 +7,11 @@ template, what to parse from the output and which ravex.yaml to use.
 Sources are copied unchanged, except the few CPU/gloo edits of the torchrun scripts listed in
 PATCHES (exact text replacements applied to the copy at build time; the source dir is untouched).
 
-Optional keys of an entry: nproc (ranks under torchrun: per-rank dumps, a step is complete when
-every rank's manifest is there), pythonpath (folders, relative to the run directory, put on
-PYTHONPATH after the instrumentation), seed (RS_SEED: the instrumentation calls torch.manual_seed
-right after `import torch`, for a script that seeds nothing), rename ((regex, replacement) applied
+Optional keys of an entry: nproc (ranks under torchrun, or started by torch.multiprocessing.spawn
+with spawned=True: per-rank dumps, a step is complete when every rank's manifest is there),
+pythonpath (folders, relative to the run directory, put on PYTHONPATH after the instrumentation),
+seed (RS_SEED: the instrumentation calls torch.manual_seed right after `import torch`, for a script
+that seeds nothing), rename ((regex, replacement) applied
 to output file paths and to strings inside .pt files before comparing, for run ids made of the
 clock).
 """
@@ -197,6 +198,16 @@ PATCHES = {
         ("DDP(self.model, device_ids=[self.local_rank])",
          "DDP(self.model, device_ids=[self.local_rank] if self.device.type != 'cpu' else None)"),
     ],
+    "ddp-tutorial-series/multigpu.py": [
+        # one CUDA device per rank, nccl: the CPU, whose backend is gloo, and two ranks
+        ('    torch.cuda.set_device(rank)\n    init_process_group(backend="nccl", rank=rank, world_size=world_size)',
+         '    init_process_group(backend="gloo", rank=rank, world_size=world_size)'),
+        ("self.model = model.to(gpu_id)", "self.model = model"),
+        ("source = source.to(self.gpu_id)", "source = source"),
+        ("targets = targets.to(self.gpu_id)", "targets = targets"),
+        ("DDP(model, device_ids=[gpu_id])", "DDP(model)"),
+        ("world_size = torch.cuda.device_count()", "world_size = 2"),
+    ],
     "nanoGPT/train.py": [
         # `device = f'cuda:{ddp_local_rank}'` and torch.cuda.set_device() under torchrun, whatever --device says
         ("    device = f'cuda:{ddp_local_rank}'\n    torch.cuda.set_device(device)",
@@ -219,6 +230,12 @@ def mingpt_ddp(tpl):
     # 388 characters, block 32: 356 samples, 320 train (random_split 0.9): 20 iterations of 8 per rank
     _text(f"{tpl}/minGPT-ddp/mingpt/rs_input.txt", 388, 4)
     return "minGPT-ddp/mingpt"
+
+
+def ddp_spawn(tpl):
+    _copy(f"{SRC}/examples/distributed/ddp-tutorial-series", f"{tpl}/ddp-tutorial-series")
+    _apply_patches(tpl, "ddp-tutorial-series")
+    return "ddp-tutorial-series"
 
 
 def nanogpt_ddp(tpl):
@@ -273,6 +290,11 @@ SCRIPTS["nanogpt-ddp"] = dict(
     cmd=f"{TORCHRUN} " + NANOGPT_CMD.replace("--gradient_accumulation_steps=1", "--gradient_accumulation_steps=2")
     + " --backend=gloo",
     every=20, nproc=2, counter=r"^iter (\d+):", counter_desc="iter N", outputs=["out"],
+)
+SCRIPTS["ddp-spawn"] = dict(  # PyTorch's DDP tutorial: torch.multiprocessing.spawn starts the ranks, not torchrun
+    build=ddp_spawn, cmd="multigpu.py 4 1 --batch_size 64",
+    every=10, nproc=2, spawned=True, seed=0,  # MyTrainDataset draws torch.rand, seeded nowhere
+    counter=r"^\[GPU(\d+)\] Epoch (\d+) \|", counter_desc="rank, epoch", outputs=["checkpoint.pt"],
 )
 SCRIPTS["pytorch-template"] = dict(
     build=pytorch_template, cmd="train.py -c rs_config.json",

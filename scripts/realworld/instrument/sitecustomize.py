@@ -13,7 +13,10 @@ with RS_SEED set: then torch.manual_seed(RS_SEED) right after `import torch`, fo
 nothing (the same in every run, so runs can be compared).
 
 Under torchrun the launcher (`python -m torch.distributed.run`) is left alone and each worker is
-instrumented, writing RS_DUMP as rs_dump.rank<R>.pt and RS_PROGRESS as rs_progress.rank<R>.
+instrumented, writing RS_DUMP as rs_dump.rank<R>.pt and RS_PROGRESS as rs_progress.rank<R>. With
+RS_SPAWNED (ranks started by torch.multiprocessing.spawn) every process is instrumented and writes
+those files only once it has a process group, under its rank then (the spawning process and
+DataLoader workers never have one, so they write nothing).
 """
 
 import atexit
@@ -22,6 +25,7 @@ import sys
 
 _DUMP = os.environ.get("RS_DUMP")
 _PROGRESS = os.environ.get("RS_PROGRESS")
+_SPAWNED = bool(os.environ.get("RS_SPAWNED"))
 
 
 def _install():
@@ -35,12 +39,25 @@ def _install():
     counts = {}       # id(optimizer) -> steps in this process
     state = {"step": 0, "calls": 0, "backwards": 0, "first_forward_step": None}
 
+    def ranked(path):
+        """``path``, or with RS_SPAWNED the rank's file once this process has a process group
+        (the rank is kept: the script may destroy the group before the dump at exit)."""
+        if not _SPAWNED or not path:
+            return path
+        dist = torch.distributed
+        if state.get("rank") is None and dist.is_available() and dist.is_initialized():
+            state["rank"] = dist.get_rank()
+        if state.get("rank") is None:
+            return None
+        return f"{os.path.splitext(path)[0]}.rank{state['rank']}{os.path.splitext(path)[1]}"
+
     def progress():
-        if _PROGRESS:
-            tmp = _PROGRESS + ".tmp"
+        target = ranked(_PROGRESS)
+        if target:
+            tmp = target + ".tmp"
             with open(tmp, "w") as fh:
                 fh.write(f"{state['step']} {state['backwards']}\n")
-            os.replace(tmp, _PROGRESS)
+            os.replace(tmp, target)
 
     def on_forward(module, args):
         # inside a torch.compile'd forward the modules are dynamo's to trace (touching them
@@ -85,6 +102,9 @@ def _install():
     lr_scheduler.LRScheduler.step = counted_sched_step
 
     def dump():
+        target = ranked(_DUMP)
+        if not target:
+            return
         try:
             mods = list(modules.values())
             children = set()
@@ -107,7 +127,7 @@ def _install():
                 "optimizer_step_calls": state["calls"],
                 "backwards": state["backwards"],
             }
-            torch.save(out, _DUMP)
+            torch.save(out, target)
         except Exception as exc:  # the harness reports a missing dump
             print(f"[rs-instrument] dump failed: {exc!r}", file=sys.stderr)
 
@@ -146,7 +166,7 @@ def _launcher():
     return "torch.distributed.run" in argv or any(os.path.basename(a) == "torchrun" for a in argv[:2])
 
 
-if _DUMP and "torch" not in sys.modules and not os.environ.get("RS_CHILD") and not _launcher():
+if _DUMP and "torch" not in sys.modules and (_SPAWNED or not os.environ.get("RS_CHILD")) and not _launcher():
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:  # a torchrun worker: one dump per rank
         _rank = os.environ["RANK"]
         _DUMP = f"{os.path.splitext(_DUMP)[0]}.rank{_rank}.pt"
