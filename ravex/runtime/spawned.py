@@ -5,9 +5,9 @@ Windows; ``multiprocessing_context="spawn"`` anywhere).
 
 Such a process imports the main script again (as ``__mp_main__``): a ``ravex.activate()`` at its
 top, or ``ravex enable``'s hook at its ``import torch``, would start a runtime there that takes
-itself for the job's one process. In a DataLoader worker that runtime found the timeline held by
-the training process and stopped the worker (exit 2: "DataLoader worker exited unexpectedly"),
-so the training crashed; in a spawned rank it did not know its rank yet. So:
+itself for the job's one process. In a DataLoader worker such a runtime would find the timeline
+held by the training process and stop the worker (exit 2: "DataLoader worker exited
+unexpectedly"), crashing the training; in a spawned rank it would not know its rank yet. So:
 
 - In such a process a runtime starts only when the process creates its process group
   (:func:`defer_to_process_group`): a rank then knows its rank and world size, and finds what
@@ -19,18 +19,18 @@ so the training crashed; in a spawned rank it did not know its rank yet. So:
   saying nothing at exit, and marks the ranks it starts (:data:`SPAWNED_ENV`) so that ``ravex
   enable``'s hook defers in them too (it leaves other ``multiprocessing`` children alone: a
   framework that checkpoints its spawned ranks itself, Lightning's ``ddp_spawn``).
+
+A process that spawns processes for other work first (``mp.spawn`` of a preprocessing step) and
+then trains itself is not checkpointed after that: it stood down at the spawn.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from typing import Any
 
 from .patches import Patches
-
-logger = logging.getLogger("ravex")
 
 #: set by the process that stood down for the ranks it spawns; inherited by them
 SPAWNED_ENV = "_RAVEX_SPAWNED_RANKS"
