@@ -76,20 +76,13 @@ def activate(**overrides: Any) -> Any:
                 "Set the options in ravex.yaml or RAVEX_* environment variables instead."
             )
         return runtime
-    from ravex.errors import ConfigError, TimelineBusyError
     from ravex.runtime import spawned
     from ravex.runtime.config import RavexConfig
 
     if spawned.defers(sys._getframe(1).f_globals.get("__name__")):
-        spawned.defer_to_process_group(**overrides)  # a spawned rank or DataLoader worker
+        spawned.defer_to_process_group(lambda: activate(**overrides))  # a spawned rank or DataLoader worker
         return None
-
-    config = RavexConfig.load(overrides)
-    try:
-        return lifecycle.start(config, scan_existing=True)
-    except (TimelineBusyError, ConfigError) as exc:  # the store refuses this run (ConfigError: `resume: never`)
-        sys.stderr.write(f"ravex: {exc}\n")
-        raise SystemExit(2) from None
+    return lifecycle.start_or_exit(RavexConfig.load(overrides), scan_existing=True)
 
 
 def deactivate() -> None:

@@ -101,15 +101,14 @@ def _activate() -> None:
     if _in_launcher():
         return
     try:
-        from ravex.runtime import spawned
+        from ravex.runtime import lifecycle, spawned
+        from ravex.runtime.config import RavexConfig
 
         if spawned.in_child():  # a DataLoader worker, a spawned rank: ravex.runtime.spawned
             if spawned.defers(None):
-                spawned.defer_to_process_group()
+                spawned.defer_to_process_group(lambda: lifecycle.start_or_exit(RavexConfig.load()))
             return
-        from ravex.runtime.lifecycle import start_from_autoloader
-
-        start_from_autoloader()
+        lifecycle.start_from_autoloader()
     except Exception as exc:  # a bad ravex.yaml must stop the run, in one line
         sys.stderr.write(f"ravex: {exc}\n")
         raise SystemExit(2) from None

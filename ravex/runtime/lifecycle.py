@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ravex.errors import RestoreError
+from ravex.errors import ConfigError, RestoreError, TimelineBusyError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 
@@ -65,6 +65,16 @@ def start(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
         raise
     _install_exit_hook()
     return runtime
+
+
+def start_or_exit(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
+    """:func:`start`, where the store refusing this run (another run writes its timeline;
+    ``resume: never`` on a timeline with steps) is one line on stderr and exit status 2."""
+    try:
+        return start(config, scan_existing=scan_existing)
+    except (TimelineBusyError, ConfigError) as exc:
+        sys.stderr.write(f"ravex: {exc}\n")
+        raise SystemExit(2) from None
 
 
 def start_from_autoloader() -> RavexRuntime:
@@ -122,7 +132,7 @@ class RavexRuntime(Cadence):
         _setup_logging(self.config.log_level)
         self._patches = patches.install(self)
         frameworks.watch(self, self._patches)
-        spawned.watch(self, self._patches)
+        spawned.watch(self, self._patches, lambda: start_or_exit(self.config))
         if scan_existing:
             self._scan_existing()
         self._open_backend()

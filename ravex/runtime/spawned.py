@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .patches import Patches
@@ -65,8 +66,8 @@ def defers(caller_module: str | None) -> bool:
     return caller_module == MP_MAIN or bool(os.environ.get(SPAWNED_ENV))
 
 
-def defer_to_process_group(**overrides: Any) -> None:
-    """Start the runtime (``ravex.activate(**overrides)``) right after this process's first
+def defer_to_process_group(start: Callable[[], object]) -> None:
+    """Call ``start`` (it starts the runtime) right after this process's first
     ``torch.distributed.init_process_group``."""
     import torch.distributed as dist
 
@@ -78,18 +79,17 @@ def defer_to_process_group(**overrides: Any) -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         dist.init_process_group = original  # once: a later group is not a new run
-        import ravex
-
-        ravex.activate(**overrides)
+        start()
         return result
 
     init_process_group._ravex_deferred = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
 
 
-def watch(runtime: Any, patches: Patches) -> None:
+def watch(runtime: Any, patches: Patches, start: Callable[[], object]) -> None:
     """The process that calls ``torch.multiprocessing.start_processes`` before a training step of
-    its own hands the run to the processes it starts (see the module docstring)."""
+    its own hands the run to the processes it starts (see the module docstring); ``start``
+    starts a runtime in a rank forked from it."""
     import importlib
 
     import torch.multiprocessing as torch_mp
@@ -102,7 +102,7 @@ def watch(runtime: Any, patches: Patches) -> None:
             if runtime.enabled and runtime.steps_here == 0:
                 os.environ[SPAWNED_ENV] = "1"
                 runtime.stand_down_for_spawned_ranks()
-                defer_to_process_group()  # ranks forked from here inherit it
+                defer_to_process_group(start)  # ranks forked from here inherit it
             return original(*args, **kwargs)
 
         return start_processes
