@@ -82,7 +82,7 @@ class Net(L.LightningModule):
 
     def on_train_start(self) -> None:
         if self.global_rank == 0:
-            print(f"START {self.trainer.global_step}", flush=True)
+            _say(f"START {self.trainer.global_step}")
 
     def on_train_batch_end(self, outputs: dict[str, torch.Tensor], batch: list[torch.Tensor], batch_idx: int) -> None:
         step = self.trainer.global_step
@@ -145,13 +145,12 @@ def main() -> None:
         return
     if MODE == "zero":
         io = trainer.strategy.checkpoint_io  # the plugin Ravex gave the Trainer under `ravex enable`
-        print(f"IO {type(io).__name__}", flush=True)
+        _say(f"IO {type(io).__name__}")
     if io is not None:
         new, reused = ([getattr(s, name) for s in io.stats] for name in ("new_chunks", "reused_chunks"))
-        print(f"STATS {json.dumps(new, separators=(',', ':'))} {json.dumps(reused, separators=(',', ':'))}",
-              flush=True)
+        _say(f"STATS {json.dumps(new, separators=(',', ':'))} {json.dumps(reused, separators=(',', ':'))}")
     torch.save({"model": model.state_dict(), "global_step": trainer.global_step}, os.environ["T_OUT"])
-    print("DONE", flush=True)
+    _say("DONE")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,9 @@ def test_resume_writes_into_the_live_tensors_without_a_full_size_temporary(tmp_p
     ravex.activate(storage=str(store), checkpoint_on_exit=False)  # finds them: the scan
     runtime = ravex.runtime.lifecycle.get_runtime()
     assert not runtime._restored
+    preparing = runtime.backend._stager._preparing
+    if preparing is not None:  # staging buffers prepared from activate() on, on an idle-priority
+        preparing.join()  # thread: on a loaded machine they are allocated late, inside the window
     tracemalloc.start()  # numpy's buffers are traced: a read into fresh arrays would show
     try:
         runtime.ensure_restored()
