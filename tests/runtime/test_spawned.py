@@ -13,23 +13,17 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
 from ravex.format import open_store
+from tests.distributed.dharness import free_port
 
 from . import harness
 
 SHAPES = Path(__file__).with_name("shapes")
-
-
-def _port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def _losses(run: harness.Result) -> dict[tuple[int, int], str]:
@@ -49,18 +43,19 @@ def test_a_job_started_by_mp_spawn_checkpoints_and_resumes_bitwise(tmp_path, ent
         d.mkdir()
         shutil.copy(SHAPES / "spawn_ddp.py", d)
     ref = harness.run([harness.PYTHON, "spawn_ddp.py"], ref_dir,
-                      harness.child_env(T_ENTRY="none", T_PORT=_port(), T_OUT=str(ref_dir / "final.pt")))
+                      harness.child_env(T_ENTRY="none", T_PORT=str(free_port()), T_OUT=str(ref_dir / "final.pt")))
     assert ref.returncode == 0, ref.explain()
     (run_dir / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 3\n")
 
     first = harness.run([python, "spawn_ddp.py"], run_dir,
-                        harness.child_env(T_ENTRY=entry, T_PORT=_port(), T_BLOCK_AT="7"), kill_on="^BLOCKED", tree=True)
+                        harness.child_env(T_ENTRY=entry, T_PORT=str(free_port()), T_BLOCK_AT="7"),
+                        kill_on="^BLOCKED", tree=True)
     assert first.returncode != 0, first.explain()
     written = open_store(run_dir / "ckpt").step_info(6)  # written by the two ranks, each its own manifest
     assert written.complete and set(written.ranks) == {0, 1}, first.explain()
 
     out = run_dir / "final.pt"
-    second = harness.run([python, "spawn_ddp.py"], run_dir, harness.child_env(T_ENTRY=entry, T_PORT=_port(),
+    second = harness.run([python, "spawn_ddp.py"], run_dir, harness.child_env(T_ENTRY=entry, T_PORT=str(free_port()),
                                                                               T_OUT=str(out)), tree=True)
     assert second.returncode == 0, second.explain()
     assert second.resumed_from == 6 and "(2 ranks; rank 0: " in second.stderr, second.explain()
@@ -71,7 +66,7 @@ def test_a_job_started_by_mp_spawn_checkpoints_and_resumes_bitwise(tmp_path, ent
     assert "NOT restored" not in second.stderr and "another run" not in second.stderr, second.explain()
 
     saved = out.read_bytes()
-    again = harness.run([python, "spawn_ddp.py"], run_dir, harness.child_env(T_ENTRY=entry, T_PORT=_port(),
+    again = harness.run([python, "spawn_ddp.py"], run_dir, harness.child_env(T_ENTRY=entry, T_PORT=str(free_port()),
                                                                              T_OUT=str(out)), tree=True)
     assert again.returncode == 0 and not _losses(again), again.explain()  # a finished job trains nothing
     assert out.read_bytes() == saved
