@@ -28,6 +28,12 @@ _PROGRESS = os.environ.get("RS_PROGRESS")
 _SPAWNED = bool(os.environ.get("RS_SPAWNED"))
 
 
+def _per_rank(path, rank):
+    """The rank's own file for ``path``: rs_dump.pt -> rs_dump.rank<R>.pt, rs_progress -> rs_progress.rank<R>."""
+    base, ext = os.path.splitext(path)
+    return f"{base}.rank{rank}{ext}"
+
+
 def _install():
     import torch
     from torch.nn.modules.module import register_module_forward_pre_hook
@@ -47,9 +53,7 @@ def _install():
         dist = torch.distributed
         if state.get("rank") is None and dist.is_available() and dist.is_initialized():
             state["rank"] = dist.get_rank()
-        if state.get("rank") is None:
-            return None
-        return f"{os.path.splitext(path)[0]}.rank{state['rank']}{os.path.splitext(path)[1]}"
+        return None if state.get("rank") is None else _per_rank(path, state["rank"])
 
     def progress():
         target = ranked(_PROGRESS)
@@ -169,7 +173,7 @@ def _launcher():
 if _DUMP and "torch" not in sys.modules and (_SPAWNED or not os.environ.get("RS_CHILD")) and not _launcher():
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:  # a torchrun worker: one dump per rank
         _rank = os.environ["RANK"]
-        _DUMP = f"{os.path.splitext(_DUMP)[0]}.rank{_rank}.pt"
-        _PROGRESS = _PROGRESS and f"{_PROGRESS}.rank{_rank}"
+        _DUMP = _per_rank(_DUMP, _rank)
+        _PROGRESS = _PROGRESS and _per_rank(_PROGRESS, _rank)
     os.environ["RS_CHILD"] = "1"  # DataLoader workers or other subprocesses: no instrumentation
     sys.meta_path.insert(0, _AfterTorch())
