@@ -72,6 +72,57 @@ class GitState:
         return f"{self.commit[:12]} ({'dirty' if self.dirty else 'clean'})"
 
 
+#: What a resumed run's witness check found (spec §22): the comparison held, a step differed,
+#: or there was nothing to compare.
+VERDICTS = ("verified", "diverged", "unverified")
+
+
+@dataclass(frozen=True)
+class ResumeCheck:
+    """How a resumed run's first steps compared with the witness of the step it resumed from
+    (spec §22): ``steps`` compared, the first step that differed (``diverged`` only) and, in
+    words, what differed, its likely cause and the fix, or why nothing was compared."""
+
+    from_step: int
+    verdict: str
+    steps: tuple[int, ...] = ()
+    diverged_at: int | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from_step": self.from_step, "verdict": self.verdict, "steps": list(self.steps),
+                "diverged_at": self.diverged_at, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ResumeCheck:
+        doc = _mapping(doc, "resume")
+        verdict = _text(doc["verdict"], "resume.verdict")
+        if verdict not in VERDICTS:
+            raise ValueError(f"resume.verdict {verdict!r} is not one of {', '.join(VERDICTS)}")
+        at = doc.get("diverged_at")
+        return cls(_count(doc["from_step"], "resume.from_step"), verdict,
+                   tuple(_count(s, "resume.steps") for s in _list(doc["steps"], "resume.steps")),
+                   None if at is None else _count(at, "resume.diverged_at"),
+                   _text(doc.get("detail", ""), "resume.detail"))
+
+    def describe(self) -> str:
+        """``verified from step 60 (steps 61-63)``, ``DIVERGED at step 62 ...``: one line."""
+        compared = _span(self.steps)
+        if self.verdict == "verified":
+            return f"verified from step {self.from_step} ({compared})"
+        if self.verdict == "diverged":
+            return f"DIVERGED at step {self.diverged_at} (resumed from step {self.from_step}): {self.detail}"
+        return f"not verified (resumed from step {self.from_step}): {self.detail}"
+
+
+def _span(steps: tuple[int, ...]) -> str:
+    if not steps:
+        return "no step"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {steps[0]}-{steps[-1]}"
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One run's record (spec §21). ``config`` maps each effective configuration key to its
@@ -87,8 +138,12 @@ class RunRecord:
     world_size: int
     versions: dict[str, str]
     config: dict[str, tuple[Any, str]]
+    #: a resumed run's check of its first steps (spec §22, since 1.4), when it was known by the
+    #: time the record was written
+    resume: ResumeCheck | None = None
 
     def to_json(self) -> dict[str, Any]:
+        resume = {} if self.resume is None else {"resume": self.resume.to_json()}
         return {
             "format": RUN_FORMAT,
             "version": RUN_VERSION,
@@ -103,6 +158,7 @@ class RunRecord:
             "versions": dict(self.versions),
             "config": {k: {"value": encode_value(v, _no_arrays, (k,)), "source": src}
                        for k, (v, src) in self.config.items()},
+            **resume,
         }
 
     @classmethod
@@ -136,6 +192,7 @@ class RunRecord:
                 world_size=world,
                 versions={k: _text(v, f"versions.{k}") for k, v in _mapping(doc["versions"], "versions").items()},
                 config=config,
+                resume=None if doc.get("resume") is None else ResumeCheck.from_json(doc["resume"]),
             )
         except KeyError as exc:
             raise ManifestError(f"{where}: run record lacks {exc.args[0]!r}") from None
@@ -203,6 +260,12 @@ def _bool(value: Any, what: str) -> bool:
 def _list(value: Any, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise ValueError(f"{what} is {type(value).__name__}, not a list")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} {value!r} is not an integer >= 0")
     return value
 
 

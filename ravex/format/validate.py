@@ -15,6 +15,8 @@ Findings name the step, rank, tensor and chunk involved. Kinds:
 - ``orphan_object``: an object no manifest names (garbage, not damage: a warning).
 - ``malformed_lease``: a timeline's lease document (spec §21) does not parse: no reader minds,
   but the next run of that timeline waits for it to go stale before taking it over (a warning).
+- ``malformed_witness``: a step's witness (spec §22) does not parse: its steps read exactly, but
+  a run resuming from it cannot check itself (a warning).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .manifest import ArrayEntry, Manifest
 from .names import check_object_name, manifest_ranks, object_key
 from .storage import Storage
 from .summary import Progress, no_progress
+from .witness import read_witness, witness_ranks
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
@@ -49,7 +52,7 @@ ERROR_KINDS = {
     "size_mismatch",
     "hash_mismatch",
 }
-WARNING_KINDS = {"incomplete_step", "orphan_object", "unread_damage", "malformed_lease"}
+WARNING_KINDS = {"incomplete_step", "orphan_object", "unread_damage", "malformed_lease", "malformed_witness"}
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,8 @@ def validate(
         progress(i, len(work), label)
         report.steps_checked.append(step if view is store else label.removeprefix("step "))
         found: list[Finding] = []
-        ranks = manifest_ranks(storage.list_dir(view.step_dir(step)))
+        names = storage.list_dir(view.step_dir(step))
+        ranks = manifest_ranks(names)
         info = view.step_info(step, ranks)  # a complete step's manifests are parsed once, here
         good = True
         manifests = []
@@ -254,6 +258,7 @@ def validate(
                             kind, f"{label} rank {rank} tensor {path!r} chunk {key}: object {ref.object} {text}",
                             step, rank, path, key, ref.object,
                         ))
+        found.extend(_witness_problems(view, step, witness_ranks(names), label))
         if good and not info.complete:
             found.append(Finding("incomplete_step", f"{label}: {info.problem} (ignored by readers)", step))
         elif good:
@@ -301,6 +306,18 @@ def validate(
                 "malformed_lease", f"{trouble}: the next run of timeline {lease.split('/')[1]!r} waits until it is "
                 f"{STALE_SECONDS:.0f} s old to take it over; delete it if no run writes that timeline"))
     return report
+
+
+def _witness_problems(view: CheckpointStore, step: int, ranks: list[int], label: str) -> list[Finding]:
+    """A ``malformed_witness`` for each witness of the step that does not parse (spec §22)."""
+    found = []
+    for rank in ranks:
+        try:
+            read_witness(view.storage, view.steps_prefix, step, rank)
+        except (RavexError, OSError) as exc:
+            found.append(Finding("malformed_witness", f"{label} rank {rank}: {exc}; a run resuming from it "
+                                 "cannot check itself (the step reads exactly)", step, rank))
+    return found
 
 
 def _other_timelines(store: CheckpointStore) -> list[CheckpointStore]:

@@ -17,6 +17,7 @@ would never be checkpointed; it is told so once, within its first steps.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -42,6 +43,7 @@ from .plan import collect, staged_sizes
 from .position import Loop, main_loop_site
 from .registry import KINDS, LoaderState
 from .resume import Resume
+from .witness import ResumeWitness
 
 logger = logging.getLogger("ravex")
 
@@ -73,6 +75,8 @@ class Cadence(Resume):
         self._watch: _BackwardSteps | None = None
         #: the tensor the last backward() ran on, read as each checkpoint's loss
         self.last_loss = LastLoss()
+        #: records the steps after each checkpoint, and checks a resume against them
+        self.witness = ResumeWitness(config, self.rank, self.world_size, self.last_loss)
         self._run_record: RunRecord | None = None  # rank 0: what this run was, gathered once
 
     def _open_backend(self) -> bool:
@@ -120,6 +124,7 @@ class Cadence(Resume):
 
     def _count_step(self, n: int) -> None:
         """Step ``n`` is done: count it, and mark a checkpoint due on the interval or clock."""
+        self.witness.step_done(n)
         self.step = n
         self._steps_here += 1
         if self._steps_here == 1:
@@ -366,6 +371,8 @@ class Cadence(Resume):
             return False
         self.checkpoint_error = None
         self.last_checkpoint_step = self.step
+        if reason != "exit":
+            self.witness.checkpoint_taken(self.step, backend)
         return True
 
     def _prepare_writes(self, backend: CheckpointBackend) -> None:
@@ -396,7 +403,8 @@ class Cadence(Resume):
             metadata["loss"] = repr(loss)  # shortest round-trip text: parses back bit for bit
         chunk_bytes = chunk_bytes_for(self.registry, tree) if rank_layout is None else {}
         if self._run_record is None and self.rank == 0 and backend.records_runs:
-            self._run_record = provenance.gather(self.config, self.world_size)
+            record = provenance.gather(self.config, self.world_size)
+            self._run_record = dataclasses.replace(record, resume=self.witness.verdict)
         return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes, self._run_record)
 
     def _script_position(self, st: LoaderState | None, reason: str) -> dict[str, Any] | None:

@@ -25,6 +25,9 @@ CONFIG_ENV = "RAVEX_CONFIG"
 
 BACKENDS = ("zarr", "torch_save")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: how a resume checks itself (ravex/runtime/witness.py): every bit, the loss within
+#: ``witness_tolerance`` (non-deterministic kernels), or not at all
+WITNESS_MODES = ("exact", "tolerant", "off")
 
 
 @dataclass
@@ -106,6 +109,11 @@ class RavexConfig:
     #: the loops assign and read again, found from the source), "none", or a list of names
     script_variables: str | list[str] = "auto"
     log_level: str = "INFO"
+    #: the resume witness (spec §22): "exact" compares each resumed step's loss bit for bit,
+    #: "tolerant" within ``witness_tolerance`` (relative; the input batches always exactly),
+    #: "off" records and compares nothing
+    witness: str = "exact"
+    witness_tolerance: float = 1e-3
     #: key -> where its value came from; filled by :meth:`load`.
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     #: the yaml file that was read, if any.
@@ -295,6 +303,12 @@ def _positive_float_or_none(value: Any) -> float | None:
     return float(value)
 
 
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"expected a relative tolerance between 0 and 1 (such as 1e-3), got {value!r}")
+    return float(value)
+
+
 def _at_least_one(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected an integer >= 1 (1 copies every tensor at every checkpoint), got {value!r}")
@@ -381,6 +395,8 @@ _VALIDATORS = {
     "resume": _resume,
     "script_variables": _script_variables,
     "log_level": _one_of(LOG_LEVELS, upper=True),
+    "witness": _one_of(WITNESS_MODES),
+    "witness_tolerance": _fraction,
 }
 
 

@@ -156,6 +156,7 @@ class RavexRuntime(Cadence):
                     and not self._crashed and self._steps_here > 0
                     and self.step != self.last_checkpoint_step):
                 self.exit_checkpoint()
+            self.witness.finish()
             if self.backend is not None:
                 self.backend.flush()
                 self.backend.close()

@@ -221,7 +221,10 @@ def install_restore_triggers(runtime: Any, forward: bool = True) -> list[Any]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def before_forward(module: Any, args: Any) -> None:
+        recording = runtime.witness.recording
         runtime.ensure_restored()
+        if runtime.witness.recording and not recording:  # its hook starts with the next call
+            runtime.witness.forward(module, args)
 
     def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         runtime.ensure_restored()

@@ -30,6 +30,7 @@ from .distributed import collectives, layout
 from .plan import script_name
 from .position import Entry, Loop, LoopPosition, Reentry, advice
 from .registry import LoaderState, Registry
+from .witness import ResumeWitness
 
 logger = logging.getLogger("ravex")
 
@@ -49,6 +50,8 @@ class _Empty:
 
 class Resume:
     """The runtime's resume half: what it restores, and the state it shares with the rest."""
+
+    witness: ResumeWitness  # made by the checkpointing half, which records what it compares
 
     def __init__(self, config: RavexConfig) -> None:
         self.config = config
@@ -83,6 +86,7 @@ class Resume:
         self._several: dict[int, bool] = {}  # step -> written by several ranks (_written_by_several)
         self._handed_over = False  # several ranks: this rank read the step with rank 0's manifests
         self._loaders_elsewhere = False  # the script resumed its loop itself: loaders go where it asks
+        self._saved_world_size = 1  # how many ranks wrote the step resumed from
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -304,6 +308,7 @@ class Resume:
                     tree = layout.resolve(self.registry, loaded, self.rank, self.world_size)
                 else:  # model/optimizer tensors go straight into the live ones at restore
                     tree = restore.read_small(loaded.tree)
+                saved_world_size = loaded.saved_world_size
                 failed: Exception | None = None
             except Exception as exc:
                 failed = exc
@@ -317,6 +322,7 @@ class Resume:
                                else "no older step left, starting fresh")
                 continue
             self.resumed_from = step
+            self._saved_world_size = saved_world_size
             self._resume_tree = tree
             self._resume_loaders = list(tree.get("loaders", []))
             self._resume_loops = [dict(e) for e in tree.get("loops", [])]
@@ -420,7 +426,8 @@ class Resume:
                        if after is not None else ", and nothing of the script follows it: exiting")
             self._say_for_job(logging.WARNING, "ravex: this run had finished at step %d: its training is "
                               "not run again%s", self.step, goes_on)
-        elif self.loop_position.reentry is not None:
+            return
+        if self.loop_position.reentry is not None:
             self._sync_loaders(tree)
             self._say_for_job(logging.INFO, "ravex: back in the loop at %s where step %d was taken",
                               position.describe(self.loop_position.reentry.script), self.step)
@@ -428,6 +435,7 @@ class Resume:
                                      or any(entry.get("epoch", -1) >= 0 for entry in tree.get("loaders", []))):
             logger.warning("ravex: resumed step %d, but where the loop stood is unknown: %s", self.step,
                            advice())
+        self.witness.resumed(self.step, self.backend, self._saved_world_size)
 
     def _say_for_job(self, level: int, message: str, *args: Any) -> None:
         """A line that every rank of a job would print alike, the resume having gone as it

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ravex.format.witness import Witness
+
 from .logline import STALL_KEY, ms, stall_ms, stall_text
 from .plan import Outcomes, SavePlan, SavingSettings
 from .stager import Stager
@@ -276,6 +278,17 @@ class CheckpointBackend(ABC):
         from ravex.format.errors import RavexError
 
         raise RavexError(f"the {type(self).__name__} backend has no tags; tags need the default zarr backend")
+
+    # ── the resume witness (spec §22) ───────────────────────────────────
+
+    def write_witness(self, witness: Witness) -> None:  # noqa: B027 - only the format keeps witnesses
+        """Queue this rank's witness of a step it wrote, to be written once that step is, off the
+        training thread (a longer one replaces the earlier). Default: kept nowhere."""
+
+    def read_witness(self, step: int, rank: int) -> Witness | None:
+        """Rank ``rank``'s witness of ``step``, None where there is none. Raises
+        :class:`~ravex.format.errors.ManifestError` for a malformed one. Default: none kept."""
+        return None
 
     def load_latest(self) -> dict[str, Any] | None:
         step = self.latest_step()

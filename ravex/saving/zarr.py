@@ -35,12 +35,14 @@ from ravex.format.refs import refs_worth_writing, write_refs
 from ravex.format.runs import write_run
 from ravex.format.summary import read_manifest_header
 from ravex.format.timelines import split_ref
+from ravex.format.witness import Witness, read_witness, write_witness
 
 from .backend import CheckpointBackend, LoadedStep
 from .load import read_refs
 from .logline import failed_line, job_line, mib, ms
 from .plan import SavingSettings
 from .ranks import place
+from .witness_writer import WitnessWriter
 from .writer_thread import Job
 
 logger = logging.getLogger("ravex")
@@ -129,7 +131,9 @@ class ZarrBackend(CheckpointBackend):
         #: (step, its timeline's view, its reader) of the last multi-rank read_step: read again
         #: (the load after the loop-position peek) or handed over, it costs no request
         self._last_read: tuple[int, Any, Any] | None = None
+        self._committed: list[int] = []  # the newest steps this rank committed (their witnesses may follow)
         super().__init__(self.store.url, as_numpy=True, config=config)
+        self._witnesses = WitnessWriter(self._write_witness, self._saver.wait_idle, self._committed.__contains__)
 
     def set_run(self, run_id: str | None) -> None:
         # docstring inherited
@@ -209,11 +213,13 @@ class ZarrBackend(CheckpointBackend):
         tree = plan.tree if plan.layout is None else place(plan.tree, plan.layout)
         extra = {"chunk_bytes": dict(plan.chunk_bytes)} if plan.chunk_bytes else {}
         try:
-            return self._writer.commit(plan.step, tree, metadata=plan.metadata, on_read=job.released.set,
-                                       known=plan.known_digests, **extra)
+            stats = self._writer.commit(plan.step, tree, metadata=plan.metadata, on_read=job.released.set,
+                                        known=plan.known_digests, **extra)
         except BaseException:
             self._drop_writer()  # next interval starts from a fresh writer
             raise
+        self._committed[:] = [*self._committed[-7:], plan.step]
+        return stats
 
     def _record_run(self, plan: Any) -> None:
         """The run's record, before its first manifest (``runs/<run>.json``). It is informative:
@@ -320,8 +326,34 @@ class ZarrBackend(CheckpointBackend):
             f"{mib(s.reused_bytes)} reused ({s.reused_chunks} chunks) of {mib(s.logical_bytes)}"
         )
 
+    # ── the resume witness (spec §22) ───────────────────────────────────
+
+    def write_witness(self, witness: Witness) -> None:
+        # docstring inherited
+        self._witnesses.put(witness)
+
+    def _write_witness(self, witness: Witness) -> None:
+        """Witness thread: into the step's folder, under the run id its manifest carries. A step
+        retention collected meanwhile (a fast loop outruns the queue) needs none."""
+        timeline = self.timeline
+        try:
+            write_witness(timeline.storage, timeline.steps_prefix, dataclasses.replace(witness, run=self._run_id or ""))
+        except Exception:
+            if timeline.storage.exists(timeline.manifest_key(witness.step, self.rank)):
+                raise
+
+    def read_witness(self, step: int, rank: int) -> Witness | None:
+        # docstring inherited
+        owner, number = self.timeline.locate(step)
+        return read_witness(owner.storage, owner.steps_prefix, number, rank)
+
+    def flush(self) -> None:
+        super().flush()
+        self._witnesses.flush()
+
     def close(self) -> None:
         super().close()
+        self._witnesses.close()
         if self._pending:  # rank 0, several ranks: the last steps' lines, once the others finish
             deadline = time.monotonic() + CLOSE_WAIT_S
             self._settle()

@@ -43,6 +43,19 @@ class Result:
         return [line.split()[1] for line in self.stdout if line.startswith("LOSS ")]
 
     @property
+    def witness(self) -> str | None:
+        """The resume witness's line for the job (``ravex: resume verified: ...``), if printed."""
+        said = re.compile(r"ravex: resume (verified|diverged|not verified)")
+        lines = [line for line in self.stderr.splitlines() if said.match(line)]
+        assert len(lines) <= 1, f"the witness spoke {len(lines)} times:\n" + "\n".join(lines)
+        return lines[0] if lines else None
+
+    def assert_verified(self, where: str = "") -> None:
+        """The rerun checked itself against the run that wrote its step, and matched."""
+        line = self.witness
+        assert line is not None and line.startswith("ravex: resume verified:"), f"{where}\n{self.explain()}"
+
+    @property
     def resumed_from(self) -> int | None:
         m = re.search(r"resumed from step (\d+)", self.stderr)
         return int(m.group(1)) if m else None

@@ -126,6 +126,7 @@ def test_unchanged_script_resumes_bitwise_after_sigkill(name, tmp_path, referenc
         # a checkpoint due after iteration k is taken where iteration k + 1 starts
         resumed = (kill_at - 1) // per_checkpoint * per_checkpoint
         assert second.resumed_from == resumed, f"{where}\n{second.explain()}"
+        second.assert_verified(where)
         _assert_continues(_output(second), _after(_output(ref), resumed), where)
         harness.assert_same_state(torch.load(cwd / "final.pt", weights_only=False), ref_state, where)
         after = _files(cwd)

@@ -96,6 +96,11 @@ def _reduce(values: list[int], op: str) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
+def reduce_min(values: list[int]) -> list[int]:
+    """Each value's minimum over the ranks (one MIN all-reduce of a few int64s)."""
+    return _reduce(values, "min")
+
+
 def all_ok(ok: bool) -> bool:
     """True when ``ok`` holds on every rank (one MIN all-reduce; no collective alone)."""
     return bool(_reduce([1 if ok else 0], "min")[0])
