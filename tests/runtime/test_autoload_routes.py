@@ -5,6 +5,7 @@ process that trains where Ravex did not start says so, once, and no other proces
 from __future__ import annotations
 
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -149,3 +150,26 @@ def test_the_exit_net_leaves_multiprocessing_children_to_their_parent(enabled_py
                               "    train(0, 2)\n")
     said = _run(enabled_python, tmp_path, script).stderr
     assert said.count("never started") == 1 and "ran 2 optimizer steps" in said, said
+
+
+def test_the_hook_asks_the_other_finders_without_coming_back_to_itself(monkeypatch):
+    """A finder behind the hook that asks the import system again (as ``importlib.util.find_spec``
+    does) leads back to the hook in the same thread: it declines there, where asking the finders
+    once more would recurse without end. The probe leaves the hook in place, its spec marked."""
+    import importlib.machinery
+
+    from ravex.runtime.autoload import TorchImportHook, _marked
+
+    hook = TorchImportHook()
+
+    class AsksAgain:
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            assert hook.find_spec(name, path, target) is None  # the way back declines
+            return importlib.machinery.PathFinder.find_spec(name, path)
+
+    monkeypatch.setattr("sys.meta_path", [hook, AsksAgain(), importlib.machinery.PathFinder])
+    spec = hook.find_spec("torch")
+    assert spec is not None and _marked(spec) and not hook.fired
+    assert sys.meta_path[0] is hook
