@@ -52,6 +52,12 @@ def reset_runtime() -> None:
     _runtime = None
 
 
+def ever_started() -> bool:
+    """Whether a runtime started in this process, even one that has shut down since: the
+    autoloader's exit net (:mod:`.autoload`) says nothing for a process Ravex covered."""
+    return _exit_hook_installed
+
+
 def start(config: RavexConfig, scan_existing: bool = True) -> RavexRuntime:
     """Create, activate and publish the process's runtime."""
     global _runtime

@@ -74,6 +74,7 @@ def test_torchruns_launcher_starts_no_runtime_only_its_ranks_do(enabled_python, 
     assert active == "True"
     [record] = (tmp_path / ".ravex").glob("last-run-*.json")
     assert json.loads(record.read_text())["pid"] == int(pid), done.stderr
+    assert "never started" not in done.stderr  # the launcher, which trains nothing, says nothing
 
 
 def test_enable_disable_and_status(tmp_path):
@@ -100,6 +101,7 @@ def test_enable_disable_and_status(tmp_path):
             "for _ in range(7):\n    w(torch.ones(2)).sum().backward(); o.step()\n"
     out = _py(python, train, work)
     assert out.returncode == 0 and "checkpoint step 7" in out.stderr, out.stderr
+    assert "never started" not in out.stderr
     assert "latest step: 7" in ravex_cli("status")
 
     assert "removed" in ravex_cli("disable")
