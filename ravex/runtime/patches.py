@@ -11,7 +11,7 @@ patched                             why
 ``LRScheduler.__init__``            register schedulers (ReduceLROnPlateau too)
 ``amp.GradScaler.__init__``         register AMP scalers
 ``DataLoader.__init__``/``__iter__``  register loaders; count epochs; resume mid-epoch
-``_BaseDataLoaderIter.__init__``    skip resumed batches *at the sampler*
+``_BaseDataLoaderIter.__init__``    skip resumed batches *at the sampler*; workers (:mod:`.workers`)
 ``_BaseDataLoaderIter.__next__``    the step boundary where checkpoints are taken
 global optimizer step post hook     count steps (torch's own hook, no patch)
 ``torch.autograd.backward``         keep the loss (:mod:`.loss`; ``Tensor.backward`` calls it)
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import dataloader as _dl
 
-from . import sampler_epoch
+from . import rng, sampler_epoch, workers
 
 _END = object()
 
@@ -129,8 +129,12 @@ def install(runtime: Any) -> Patches:
     def base_iter_init(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, loader: Any) -> None:
-            _as_caller(original, self, loader)  # once an epoch: its warnings point where torch's do
             st = runtime.registry.state_of(loader)
+            seed = None
+            if st is not None and runtime.enabled:
+                seed, st.pending_seed = st.pending_seed, None
+            before = None if seed is None else rng.capture_epoch_rng(loader)
+            _as_caller(original, self, loader)  # once an epoch: its warnings point where torch's do
             if st is None or not runtime.enabled:
                 # a runtime that stood down (a framework resumes the run: Lightning) leaves the
                 # iterator lazy, as torch makes it: Lightning sets a DistributedSampler's epoch
@@ -138,6 +142,16 @@ def install(runtime: Any) -> Patches:
                 return
             self._ravex_state = st
             skip, st.pending_skip = st.pending_skip, 0
+            adopted, st.pending_workers = st.pending_workers, None
+            if before is not None:  # the first run reset its persistent iterator here: no draw
+                rng.restore_epoch_rng(loader, before)
+                self._base_seed, st.reused = seed, True
+            st.workers_seed = self._base_seed if loader.persistent_workers and self._num_workers else None
+            st.worker_rng = dict(adopted or {})
+            if workers.tracks(self):
+                self._collate_fn = workers.Reporting(self._collate_fn)
+                if adopted or skip % self._num_workers:
+                    workers.resume_workers(self, loader, adopted or {}, skip)
             if self._dataset_kind == _dl._DatasetKind.Iterable:
                 self._ravex_discard = skip  # no sampler to skip at: drop whole batches
                 return
@@ -170,7 +184,7 @@ def install(runtime: Any) -> Patches:
                 st.exhausted = True
                 raise
             st.yielded += 1
-            return data
+            return workers.unwrap(data, st.worker_rng)
 
         return __next__
 

@@ -9,7 +9,8 @@ backend stages them). Tree layout (lists are indexed by creation order)::
                   "param_groups": [{..., "params": [param, ...]}]}]
     schedulers  [{"type", "state"}]      scalers  [{"type", "state"}]
     loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
-                  "active", "epoch_rng", "offset", "sampler"}]  (:mod:`.sampler_epoch`)
+                  "active", "epoch_rng", "offset", "sampler", "generators", "workers_seed", "reused",
+                  "worker_rng"}]  (:mod:`.sampler_epoch`, :mod:`.workers`)
     loops       [{"site", "at", "boundary"}]   the ravex.loop positions, outermost first
     script      {"mode", "frames": [{"code", "line", "loops", "variables"}]}  the main
                 script's loop position and the variables its loops carry (optional)
@@ -34,9 +35,9 @@ from typing import Any
 
 import torch
 
-from . import sampler_epoch
+from . import sampler_epoch, workers
 from .registry import LoaderState, Registry
-from .rng import capture_rng
+from .rng import capture_generators, capture_rng
 
 TREE_FORMAT = 2
 
@@ -105,6 +106,10 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
                 "epoch_rng": st.epoch_rng,
                 "offset": st.offset,
                 "sampler": sampler_epoch.describe(loader),
+                "generators": capture_generators(loader),
+                "workers_seed": st.workers_seed,
+                "reused": st.reused,
+                "worker_rng": workers.for_tree(st.worker_rng),
             }
         )
     tree["loaders"] = loaders

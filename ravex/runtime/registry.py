@@ -41,6 +41,15 @@ class LoaderState:
     #: the epoch is drawn by explicit ``next()`` calls in a loop of the user's (not by a ``for``
     #: over it): its ``next()`` is no step boundary a rerun can return to; None until seen
     explicit_next: bool | None = None
+    #: worker processes (:mod:`.workers`): the persistent iterator's base seed; whether this
+    #: epoch reset that iterator instead of making one (no seed drawn); each worker's RNG
+    #: streams after the last batch consumed from it
+    workers_seed: int | None = None
+    reused: bool = False
+    worker_rng: dict[int, Any] = field(default_factory=dict)
+    #: what the next iterator made takes over from a checkpoint instead of drawing or seeding
+    pending_seed: int | None = None
+    pending_workers: dict[int, Any] | None = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ravex.errors import ConfigError, LeaseLostError, RestoreError, TimelineBusy
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.load import read_refs
 
-from . import patches, position, restore, rng
+from . import patches, position, restore, rng, workers
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .plan import script_name
@@ -534,6 +534,7 @@ class Resume:
                 continue
             st.resume_checked = True
             st.epoch, st.yielded, st.exhausted = int(entry["epoch"]), int(entry["yielded"]), True
+            _after_finished_epoch(loader, st, entry)
         self._resume_loaders = None
 
     def _reentered_loader(self, loader: Any, st: LoaderState) -> dict[str, Any] | None:
@@ -591,6 +592,7 @@ class Resume:
             length = entry.get("length")
             if entry["exhausted"] or (length is not None and st.yielded >= length):
                 st.exhausted = True
+                _after_finished_epoch(loader, st, entry)
                 self._restore_here()
                 return _Empty()
             # Replay the epoch's start: same worker seeds, same shuffle order.
@@ -600,6 +602,9 @@ class Resume:
             rng.restore_epoch_rng(loader, entry["epoch_rng"])
             st.exhausted = False
             st.pending_skip = st.yielded
+            st.reused = False  # until the iterator takes the first run's persistent one's seed
+            st.pending_seed = entry.get("workers_seed") if entry.get("reused") else None
+            st.pending_workers = workers.from_tree(entry.get("worker_rng"))
             iterator = original(loader)
             if self.loop_position.enumerate is not None:
                 self.loop_position.enumerate.expect(iterator, st.yielded)
@@ -609,7 +614,19 @@ class Resume:
                 self._restore_here()  # sets every RNG to the checkpoint's
             return iterator
         st.epoch, st.yielded, st.exhausted = epoch, 0, False
+        st.reused = bool(loader.persistent_workers and loader.num_workers and loader._iterator is not None)
         st.epoch_rng = rng.capture_epoch_rng(loader)
         st.pending_skip, st.offset, st.offset_sampler = 0, 0, None
         return original(loader)
 
+
+
+def _after_finished_epoch(loader: Any, st: LoaderState, entry: dict[str, Any]) -> None:
+    """A checkpoint after a finished epoch, which this run passes by: its loader's generators
+    as they stood, and the first run's persistent workers, which went on to the next epoch:
+    the iterator this run makes for it takes their base seed and streams (:mod:`.workers`)."""
+    rng.restore_generators(loader, entry.get("generators") or {})
+    seed = entry.get("workers_seed")
+    if seed is not None:
+        st.workers_seed = st.pending_seed = int(seed)
+        st.pending_workers = workers.from_tree(entry.get("worker_rng"))

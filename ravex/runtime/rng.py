@@ -49,6 +49,16 @@ def capture_epoch_rng(loader: Any) -> dict[str, Any]:
 
 def restore_epoch_rng(loader: Any, state: dict[str, Any]) -> None:
     torch.set_rng_state(as_tensor(state["torch"]).to(torch.uint8))
+    restore_generators(loader, state)
+
+
+def capture_generators(loader: Any) -> dict[str, Any]:
+    """The states of ``loader``'s own generators now: a checkpoint at the end of an epoch
+    holds them, since the rerun passes that epoch by without the draws that moved them."""
+    return {name: gen.get_state() for name, gen in loader_generators(loader)}
+
+
+def restore_generators(loader: Any, state: dict[str, Any]) -> None:
     for name, gen in loader_generators(loader):
         if state.get(name) is not None:
             gen.set_state(as_tensor(state[name]).to(torch.uint8))

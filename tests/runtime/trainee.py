@@ -105,7 +105,7 @@ class Noisy(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int):
-        if WORKERS:  # workers: index-seeded noise (worker RNG streams cannot be replayed)
+        if WORKERS:  # workers: index-seeded noise (test_workers.py covers the workers' own streams)
             noise = torch.randn(16, generator=torch.Generator().manual_seed(i)) * 0.01
         else:  # main process: the global RNG, which Ravex restores
             noise = torch.randn(16) * 0.01
