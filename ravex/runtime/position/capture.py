@@ -7,9 +7,10 @@ records, for every frame of the main script on the stack, the loops around its l
 the source, :mod:`.source`), the values a ``for`` of each outer loop had bound
 (``epoch = 3``) and the variables the loops carry (:func:`.source.place`'s live set);
 :func:`capture_variables` only the variables, where ``ravex.loop`` saves the positions
-(``"loop"``); :func:`capture_after` the line after the outermost loop of a run that
-finished (``"after"``). A rerun goes back there with :class:`.reentry.Reentry` and puts the
-variables back with :func:`put_variables`.
+(``"loop"``); :func:`capture_end` the outermost loop of a run that finished, as it ended
+(``"end"``, :mod:`.ending`), and where that loop cannot decide again on a rerun,
+:func:`capture_after` the line after it (``"after"``). A rerun goes back there with
+:class:`.reentry.Reentry` and puts the variables back with :func:`put_variables`.
 """
 
 from __future__ import annotations
