@@ -269,6 +269,7 @@ class Resume:
                                "while the job started); rerun the job")
         if reentry is not None:
             position.put_variables(reentry.script, live)
+            self.loop_position.last_frames = live
 
     def _position_lost(self, why: str) -> None:
         """The rerun cannot go back to the recorded position: the checkpoint is restored at the
@@ -417,9 +418,15 @@ class Resume:
                           self._load_seconds * 1000, ", the manifests from rank 0" if self._handed_over else "",
                           (time.perf_counter() - started) * 1000)
         main_file = position.main_file()
-        if tree.get("script", {}).get("mode") in ("head", "header") and main_file:
+        if tree.get("script", {}).get("mode") in ("head", "header", "end") and main_file:
             self.loop_position.last = (tree["script"], main_file)
-        if self.loop_position.reentry is not None and self.loop_position.reentry.mode == "after":
+        if self.loop_position.reentry is not None and self.loop_position.reentry.mode == "end":
+            self._sync_loaders(tree)
+            self._say_for_job(logging.WARNING, "ravex: this run had finished at step %d: back at the end of "
+                              "its loop at %s, whose own condition decides whether it trains on (the same "
+                              "bounds train nothing, larger ones the added steps)", self.step,
+                              position.describe(self.loop_position.reentry.script))
+        elif self.loop_position.reentry is not None and self.loop_position.reentry.mode == "after":
             self._sync_loaders(tree)
             after = self.loop_position.reentry.script["frames"][-1]["after"]["line"]
             goes_on = (f"; the script goes on at {position.describe(self.loop_position.reentry.script)}"

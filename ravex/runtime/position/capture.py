@@ -7,9 +7,10 @@ records, for every frame of the main script on the stack, the loops around its l
 the source, :mod:`.source`), the values a ``for`` of each outer loop had bound
 (``epoch = 3``) and the variables the loops carry (:func:`.source.place`'s live set);
 :func:`capture_variables` only the variables, where ``ravex.loop`` saves the positions
-(``"loop"``); :func:`capture_after` the line after the outermost loop of a run that
-finished (``"after"``). A rerun goes back there with :class:`.reentry.Reentry` and puts the
-variables back with :func:`put_variables`.
+(``"loop"``); :func:`capture_end` the outermost loop of a run that finished, as it ended
+(``"end"``, :mod:`.ending`), and where that loop cannot decide again on a rerun,
+:func:`capture_after` the line after it (``"after"``). A rerun goes back there with
+:class:`.reentry.Reentry` and puts the variables back with :func:`put_variables`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import frames, source
+from .ending import ending
 
 
 def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -219,6 +221,58 @@ def capture_after(last: dict[str, Any], filename: str, wanted: str | list[str]) 
         frames_out[-1]["after"] = {"loop": way.statement, "line": way.target}
         return {"mode": "after", "frames": frames_out}
     return None
+
+
+def capture_end(last: dict[str, Any], filename: str, held: list[FrameType],
+                wanted: str | list[str]) -> dict[str, Any] | None:
+    """The script's training loop as it ended (mode ``"end"``, :mod:`.ending`): the outermost
+    loop of ``last`` (this run's last position in the loops) with the last item its ``for``
+    drew, and the final values of the variables ``last`` recorded in each frame out to it,
+    read from ``held`` (the frames of that position, which keep their variables once they
+    have returned) or, at module level, from the main module. A rerun goes back into that
+    loop and lets it decide whether it trains on. None where the loop's ending cannot be
+    decided again (:func:`.ending.ending`), a frame is not held, or a value cannot be saved."""
+    main = sys.modules.get("__main__")
+    records = last["frames"]
+    outermost = next((i for i, r in enumerate(records) if r["loops"]), None)
+    if main is None or outermost is None:
+        return None
+    by_key = {frames.code_key(f.f_code): f for f in held}
+    recorded: list[dict[str, Any]] = []
+    for index, record in enumerate(records[:outermost + 1]):
+        _, name, first = record["code"].rsplit(":", 2)
+        if name == "<module>":
+            scope = vars(main)
+        elif record["code"] in by_key:
+            scope = by_key[record["code"]].f_locals
+        else:
+            return None
+        names = set(record["variables"])
+        loops: list[dict[str, Any]] = []
+        end = None
+        if index == outermost:
+            loop = record["loops"][0]
+            end = ending(_resolve_file(record, filename), name, int(first), loop["line"])
+            if end is None:
+                return None
+            if end.target is not None:
+                names.add(end.target)
+        variables = {}
+        for key, value in frames.read_module(scope, frozenset(names)).items():
+            encoded = _encode(value)
+            if encoded is _UNSAVEABLE:
+                return None
+            variables[key] = encoded
+        if end is not None:
+            targets = None
+            if end.target is not None:
+                item = variables.get(end.target)
+                if isinstance(item, bool) or not isinstance(item, int):
+                    return None  # the loop never drew an item
+                targets = {end.target: item}
+            loops = [dict(record["loops"][0], targets=targets)]
+        recorded.append(dict(record, loops=loops, variables=variables))
+    return {"mode": "end", "frames": recorded}
 
 
 def capture_past(last: dict[str, Any], filename: str, frame: FrameType,

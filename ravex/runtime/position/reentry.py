@@ -8,8 +8,10 @@ line). A ``while`` needs no drawing: its position is its variables. Once every l
 the checkpoint is positioned, the checkpoint is restored right there, with the script's
 variables, before the resumed iteration's body runs; a DataLoader loop instead restores at
 the loader's ``iter()`` and skips the consumed batches at its sampler, with ``enumerate``'s
-count carried on (:class:`EnumerateFrom`). A run that finished recorded the line after its
-outermost loop: the rerun jumps past that loop (a line trace function may set ``f_lineno``).
+count carried on (:class:`EnumerateFrom`). A run that finished recorded its outermost loop as
+it ended: the rerun goes back into it and lets it decide whether it runs on (:mod:`.ending`);
+where the loop cannot decide again, it recorded the line after the loop, and the rerun jumps
+past it (a line trace function may set ``f_lineno``).
 
 Tracing costs a Python call per function call while it is on: it is on only between
 activation and the restore.
@@ -26,6 +28,7 @@ from ravex.errors import RestoreError
 
 from . import frames, source
 from .capture import innermost_frame, live_frames
+from .ending import Ending, RangeAt, ending, next_line
 
 _Tracer = Callable[[FrameType, str, Any], Any]
 
@@ -62,6 +65,7 @@ class Reentry:
         self.next = 0
         self.active = False
         self._traced: list[FrameType] = []
+        self._range: RangeAt | None = None  # a finished run's ``for``: its range, handed over positioned
 
     def start(self, caller: FrameType | None) -> None:
         """Trace from now on: new calls of the recorded code, and the recorded frames already
@@ -77,6 +81,7 @@ class Reentry:
         sys.settrace(self._global)
 
     def stop(self) -> None:
+        self._drop_range()
         if not self.active:
             return
         self.active = False
@@ -117,6 +122,9 @@ class Reentry:
         if self.mode == "after":
             self._jump_past(frame)
             return
+        if self.mode == "end":
+            self._back_at_end(frame)
+            return
         i, j = self.order[self.next]
         record = self.records[i]
         if frames.code_key(frame.f_code) != record["code"]:
@@ -148,6 +156,59 @@ class Reentry:
         self.restore_at(self.live_frames(frame))
         if target is None:  # nothing of the script follows its training: it ends here
             raise SystemExit(0)
+
+    def _back_at_end(self, frame: FrameType) -> None:
+        """A finished run's loop (:mod:`.ending`): a ``for`` is handed its ``range`` positioned
+        past the recorded item as its statement builds it; a ``while``, at its body's first
+        line, is restored and sent where its ``break`` tests and its condition lead now."""
+        record = self.records[-1]
+        loop = record["loops"][0]
+        if frames.code_key(frame.f_code) != record["code"] or frame.f_lineno not in (loop["line"], loop["body"]):
+            return
+        end = self._ending(frame, loop)
+        if end.kind == "for" and frame.f_lineno == end.line and self._range is None:
+            last = int(loop["targets"][end.target])
+            self._range = RangeAt(frame, end, last, lambda: self._restore_end(frame), self._give_up)
+            if not self._range.installed:
+                raise LookupError("the script defines a name `range` of its own")
+            return
+        if frame.f_lineno != end.body:
+            return
+        if end.kind == "for":  # the statement did not call our range: the loop is not where it was
+            self._drop_range()
+            raise LookupError(f"the loop at line {end.line} did not build its range where recorded")
+        self.next += 1
+        self.stop()
+        frame.f_trace = self._local  # only a traced frame's line may be set
+        try:
+            self.restore_at(self.live_frames(frame))
+            target = next_line(end, frame)
+            if target != frame.f_lineno:
+                setattr(frame, "f_lineno", target)  # noqa: B010 - typeshed has it read-only
+        finally:
+            frame.f_trace = None
+
+    def _ending(self, frame: FrameType, loop: dict[str, Any]) -> Ending:
+        code = frame.f_code
+        end = ending(code.co_filename, code.co_name, code.co_firstlineno, loop["line"])
+        if end is None:
+            raise LookupError(f"the loop at line {loop['line']} no longer ends where a rerun can test it again")
+        return end
+
+    def _restore_end(self, frame: FrameType) -> None:
+        """The finished run's ``range`` is being handed to its ``for``: restore now."""
+        self.next += 1
+        self.stop()
+        self.restore_at(self.live_frames(frame))
+
+    def _give_up(self, why: str) -> None:
+        self.stop()
+        self.elsewhere = True
+        self.lost(why)
+
+    def _drop_range(self) -> None:
+        if self._range is not None:
+            self._range.uninstall()
 
     def _draw_to(self, frame: FrameType, record: dict[str, Any], loop: dict[str, Any]) -> bool:
         """Draw from the ``for``'s iterator until its variables are the recorded ones."""

@@ -184,6 +184,22 @@ class After:
     reads: frozenset[str] = frozenset()  #: everything the code after it may read
 
 
+def loop_at(filename: str, name: str, first_line: int, line: int) -> ast.For | ast.While | None:
+    """The ``for`` or ``while`` statement starting at ``line`` of the code object ``name``
+    starting at ``first_line`` (not one of a nested def); None where there is none."""
+    scope = _scope(filename, name, first_line)
+    chain = _chain(scope.body, line) if scope is not None else []
+    if not chain:
+        return None
+    stmt = chain[-1].stmts[chain[-1].index]
+    return stmt if isinstance(stmt, (ast.For, ast.While)) and stmt.lineno == line else None
+
+
+def assigns(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` assigns the plain name ``name`` (outside nested defs)."""
+    return name in _stores(node)
+
+
 def carried(live: frozenset[str], changed: frozenset[str]) -> frozenset[str]:
     """What of ``changed`` is live: a name or attribute read later, or an attribute of an
     object whose attributes may all be read (``obj.*`` live: a method of it is called)."""

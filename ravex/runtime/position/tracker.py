@@ -20,6 +20,7 @@ from . import frames
 from .capture import (
     capture,
     capture_after,
+    capture_end,
     capture_past,
     capture_variables,
     changed,
@@ -42,6 +43,9 @@ class LoopPosition:
         #: the position of this run's last checkpoint in a loop (or the one it resumed), with
         #: the main script's file: a finished run's way past its training is read from it
         self.last: tuple[dict[str, Any], str] | None = None
+        #: the frames of :attr:`last`, outermost first: a function's frame keeps its variables
+        #: once it has returned, so a finished run's loop is recorded as it ended (:meth:`finish`)
+        self.last_frames: list[FrameType] = []
         self.after: dict[str, Any] | None = None  # a finished run's position past its training
         self.reentry: Reentry | None = None  # the rerun going back to the recorded position
         self.enumerate: EnumerateFrom | None = None  # enumerate's count in the resumed epoch
@@ -82,6 +86,7 @@ class LoopPosition:
         main_file = frames.main_file()
         if script is not None and mode != "loop" and main_file:
             self.last = (script, main_file)
+            self.last_frames = frames.user_frames(frame)
         if unsaved and not self._unsaved_said and script is not None:
             self._unsaved_said = True
             logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "
@@ -103,16 +108,21 @@ class LoopPosition:
             return None
         script, main_file = self.last
         self.after = capture_past(script, main_file, frame, self.wanted)
+        if self.after is not None:  # the loop as it ended, where it can decide again on a rerun
+            self.after = capture_end(script, main_file, self.last_frames, self.wanted) or self.after
         return self.after
 
     def finish(self) -> bool:
-        """The run ended normally: record its way past its training (:attr:`after`, the exit
-        checkpoint's position). False where its loops' position was known but no way past
-        them can be recorded: then no exit checkpoint may be taken (the last one in the loop
-        stays the resume point, and a rerun replays the steps after it exactly)."""
+        """The run ended normally: record its training loop as it ended (:attr:`after`, the
+        exit checkpoint's position; :func:`.capture.capture_end`), so that a rerun lets the
+        loop decide whether it trains on, or where that loop cannot decide again, its way past
+        the training (:func:`.capture.capture_after`). False where its loops' position was
+        known but neither can be recorded: then no exit checkpoint may be taken (the last one
+        in the loop stays the resume point, and a rerun replays the steps after it exactly)."""
         if self.last is None or frames.user_frames(sys._getframe()):
             return True
-        self.after = capture_after(*self.last, self.wanted)
+        self.after = (capture_end(*self.last, self.last_frames, self.wanted)
+                      or capture_after(*self.last, self.wanted))
         return self.after is not None
 
     def last_place(self) -> str:
