@@ -172,6 +172,7 @@ def run_lines(record: RunRecord) -> list[str]:
         f"host: {record.hostname}, world size {record.world_size}, started {record.created_at}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in record.versions.items()),
         "config: " + ("; ".join(chosen) if chosen else "all defaults"),
+        *([f"resume: {record.resume.describe()}"] if record.resume is not None else []),
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ravex.format import RavexError, UnsafeNameError, open_store
-from ravex.format.runs import GitState, RunRecord, read_run, run_key, write_run
+from ravex.format.runs import GitState, ResumeCheck, RunRecord, read_run, run_key, write_run
 
 
 def _record(run: str = "0123abcd", **changes: object) -> RunRecord:
@@ -75,4 +76,14 @@ def test_the_spec_documents_exactly_the_members_written() -> None:
     text = (Path(__file__).resolve().parents[2] / "spec" / "FORMAT.md").read_text(encoding="utf-8")
     section = text.split("\n## 20. Run records")[1].split("\n## ")[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M))
-    assert documented == set(_record().to_json())
+    checked = dataclasses.replace(_record(), resume=ResumeCheck(60, "verified", (61, 62, 63)))
+    assert documented == set(checked.to_json())  # `resume`: optional, written after a checked resume
+
+
+def test_a_resume_check_round_trips(tmp_path) -> None:
+    store = open_store(tmp_path / "s", create=True)
+    check = ResumeCheck(60, "diverged", (61, 62), 62, "the input batch differs")
+    write_run(store.storage, dataclasses.replace(_record(), resume=check))
+    record = read_run(store.storage, _record().run)
+    assert record is not None and record.resume == check
+    assert record.resume.describe().startswith("DIVERGED at step 62 (resumed from step 60)")

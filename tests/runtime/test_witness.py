@@ -1,0 +1,39 @@
+"""Every resume checks itself (spec §22): a loop whose data Ravex cannot put back (an open file)
+resumes 'diverged' and says why, once; the same loop made exact says 'verified'; the verdict is in
+the run's record, as ``ravex show`` prints it."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from ravex.format import open_store
+from ravex.format.runs import read_run
+
+from . import harness
+
+TRAINEE = Path(__file__).with_name("witness_trainee.py")
+
+
+@pytest.mark.parametrize(("seek", "verdict"), [("", "diverged"), ("1", "verified")])
+def test_the_witness_tells_a_resume_that_trains_on_other_data(tmp_path: Path, seek: str, verdict: str) -> None:
+    kill_at = harness.kill_points().randrange(11, 14)  # within the witness of step 10
+    env = harness.child_env(T_SEEK=seek)
+    first = harness.run([harness.PYTHON, str(TRAINEE)], tmp_path, {**env, "T_KILL_AT": str(kill_at)},
+                        kill_on="BLOCKED")
+    assert first.returncode == -signal.SIGKILL, first.explain()
+    second = harness.run([harness.PYTHON, str(TRAINEE)], tmp_path, env)
+    assert second.returncode == 0 and second.resumed_from == 10, second.explain()
+    line = second.witness
+    assert line is not None, second.explain()
+    if verdict == "diverged":
+        assert line.startswith("ravex: resume diverged at step 11 (resumed from step 10): the input batch "
+                               "differs"), line
+    else:
+        assert line.startswith(f"ravex: resume verified: steps 11-{min(kill_at, 13)} after step 10"), line
+    store = open_store(tmp_path / "ckpt")
+    runs = {store.open_step(s).manifests[0].run for s in store.complete_steps()}
+    checks = [r.resume for r in (read_run(store.storage, run) for run in runs) if r is not None and r.resume]
+    assert [(c.from_step, c.verdict) for c in checks] == [(10, verdict)], checks
