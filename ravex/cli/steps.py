@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ravex.format import StepReader
-    from ravex.format.runs import RunRecord
+    from ravex.format.runs import ResumeCheck, RunRecord
     from ravex.format.summary import StepSummary, TensorStats
 
 
@@ -45,8 +45,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     with progress_bar("listing") as progress:
         rows = list(summarize_steps(store, progress))
         tree = timeline_tree(store, rows)  # timelines (spec §19) and tags
+    checks = _resume_checks(store, [r for branch in tree.branches() for r in branch.rows] or rows)
     if args.json:  # "steps": main's, as before timelines; "timelines": every timeline's own steps
-        print_json({"url": store.url, "steps": [r.to_json() for r in rows], **tree.to_json()})
+        print_json({"url": store.url, "steps": [r.to_json() for r in rows], **tree.to_json(),
+                    "resumes": [c.to_json() for c in checks.values()]})
         return EXIT_OK
     out = console()
     if not rows and not tree.interesting:
@@ -56,14 +58,32 @@ def cmd_ls(args: argparse.Namespace) -> int:
         title = (store.url if branch.parent is None
                  else f"timeline {branch.name} (forked at {branch.parent}@{branch.fork_step})")
         if branch.rows:
-            _print_steps(out, title, branch.rows, tree.tagged(branch.name))
+            _print_steps(out, title, branch.rows, tree.tagged(branch.name), checks)
     if tree.interesting:
         tree.print(out)
     return EXIT_OK
 
 
-def _print_steps(out: Console, title: str, rows: list[StepSummary], tags: dict[int, list[str]]) -> None:
-    """One timeline's steps as a table; ``tags``: the tags' names by the step they name."""
+def _resume_checks(store: Any, rows: list[StepSummary]) -> dict[int, ResumeCheck]:
+    """How each resume from a listed step checked itself (spec §22): from the records of the runs
+    that wrote the listed steps (one read per run), by the step resumed from."""
+    from ravex.format.runs import read_run
+
+    checks: dict[int, ResumeCheck] = {}
+    for run in sorted({r.run for r in rows if r.run}):
+        try:
+            record = read_run(store.storage, run)
+        except Exception:  # a record is informative; `ravex show` names what is wrong with it
+            continue
+        if record is not None and record.resume is not None:
+            checks[record.resume.from_step] = record.resume
+    return checks
+
+
+def _print_steps(out: Console, title: str, rows: list[StepSummary], tags: dict[int, list[str]],
+                 checks: dict[int, ResumeCheck]) -> None:
+    """One timeline's steps as a table; ``tags``: the tags' names by the step they name; ``checks``:
+    how a resume from a step checked itself, by that step."""
     from rich.table import Table
 
     from ravex.tui.formatting import human_bytes, number, percent, short_time
@@ -72,8 +92,11 @@ def _print_steps(out: Console, title: str, rows: list[StepSummary], tags: dict[i
     columns = [("step", "right"), ("time", "left"), ("loss", "right"), ("ranks", "right"), ("tensors", "right"),
                ("logical", "right"), ("new", "right"), ("reused", "right")]
     problems = any(not r.complete for r in rows)  # a column of its own only when some step has one
+    resumed = {r.step: checks[r.step] for r in rows if r.step in checks}
     if tags:
         columns.append(("tags", "left"))
+    if resumed:
+        columns.append(("resume", "left"))
     if problems:
         columns.append(("problem", "left"))
     for col, justify in columns:
@@ -85,10 +108,23 @@ def _print_steps(out: Console, title: str, rows: list[StepSummary], tags: dict[i
                  human_bytes(r.new_bytes), percent(r.reuse_ratio)]
         if tags:
             cells.append(f"[cyan]{', '.join(tags.get(r.step, []))}[/]")
+        if resumed:
+            cells.append(_verdict_cell(resumed.get(r.step)))
         if problems:
             cells.append("" if r.complete else f"[yellow]incomplete: {r.problem}[/]")
         table.add_row(*cells, style=None if r.complete else "dim")
     out.print(table)
+
+
+def _verdict_cell(check: ResumeCheck | None) -> str:
+    """``verified 11-13``, ``DIVERGED at 11`` (red), ``not verified``: a resume from this step."""
+    if check is None:
+        return ""
+    if check.verdict == "verified":
+        return f"[green]verified {check.steps[0]}-{check.steps[-1]}[/]"
+    if check.verdict == "diverged":
+        return f"[bold red]DIVERGED at {check.diverged_at}[/]"
+    return "[yellow]not verified[/]"
 
 
 def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:

@@ -4,7 +4,9 @@ the run's record, as ``ravex show`` prints it."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,6 @@ def test_the_witness_tells_a_resume_that_trains_on_other_data(tmp_path: Path, se
     runs = {store.open_step(s).manifests[0].run for s in store.complete_steps()}
     checks = [r.resume for r in (read_run(store.storage, run) for run in runs) if r is not None and r.resume]
     assert [(c.from_step, c.verdict) for c in checks] == [(10, verdict)], checks
+    listed = subprocess.run([harness.PYTHON, "-m", "ravex", "ls", "ckpt", "--json"], cwd=tmp_path,
+                            env=harness.child_env(), capture_output=True, text=True, check=True)
+    assert [(c["from_step"], c["verdict"]) for c in json.loads(listed.stdout)["resumes"]] == [(10, verdict)]
