@@ -281,13 +281,13 @@ class ResumeWitness:
             logger.log(logging.INFO if self.rank == 0 else logging.DEBUG,
                        "ravex: resume not verified (resumed from step %d): %s", check.step, why)
             return ResumeCheck(check.step, "unverified", (), None, why)
-        span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        span = f"step {steps[0]} matches" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]} match"
         how = ("the same input batches and loss bits" if self.tolerance is None else
                f"the same input batches, losses within {worst:.1e} relative (witness_tolerance "
                f"{self.tolerance:g})")
         logger.log(logging.INFO if self.rank == 0 else logging.DEBUG,
-                   "ravex: resume verified: %s after step %d match the run that wrote it%s (%s)",
-                   span, check.step, ranks, how)
+                   "ravex: resume verified: after step %d, %s the run that wrote it%s (%s)",
+                   check.step, span, ranks, how)
         return ResumeCheck(check.step, "verified", steps, None, how)
 
 

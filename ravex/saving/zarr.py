@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ravex.format import RavexError, open_store
+from ravex.format import CheckpointStore, RavexError, open_store
 from ravex.format.errors import LeaseLostError
 from ravex.format.handoff import adopt_step, newest_own_step, pack_manifests, payload_timeline
 from ravex.format.leases import Holder, Lease
@@ -344,8 +344,17 @@ class ZarrBackend(CheckpointBackend):
 
     def read_witness(self, step: int, rank: int) -> Witness | None:
         # docstring inherited
-        owner, number = self.timeline.locate(step)
+        owner, number = self._owner_of(step)
         return read_witness(owner.storage, owner.steps_prefix, number, rank)
+
+    def _owner_of(self, step: int) -> tuple[CheckpointStore, int]:
+        """The timeline holding ``step`` and its number there, without a request for the step
+        handed over or read last."""
+        if self._handed is not None and self._handed[0] == step:
+            return self._handed[1], step  # rank 0's manifests, pinned
+        if self._last_read is not None and self._last_read[0] == step:
+            return self._last_read[1], step  # read already: known complete
+        return self.timeline.locate(step)
 
     def flush(self) -> None:
         super().flush()
@@ -449,22 +458,17 @@ class ZarrBackend(CheckpointBackend):
         """One process and a one-process step: the tree with its tensors as ``ArrayRef``
         leaves, for the runtime to read straight into the live tensors. Otherwise this rank's
         view (its own per-rank state read, the rest left for the runtime: :class:`LoadedStep`)."""
-        if self._handed is not None and self._handed[0] == step:
-            owner, number = self._handed[1], step  # rank 0's manifests, pinned: no request
-        elif self._last_read is not None and self._last_read[0] == step:
-            owner, number = self._last_read[1], step  # read already: known complete
-        else:
-            owner, number = self.timeline.locate(step)
-        if world_size == 1 and owner.step_info(number).world_size == 1:
-            tree = owner.open_step(number).tree(0)
-            if "distributed" not in tree:
-                return LoadedStep(tree)
+        owner, number = self._owner_of(step)
         last = self._last_read
         if last is not None and last[0] == step and last[1] is owner:
             reader = last[2]
         else:
             reader = owner.open_step(number)
             self._last_read = (step, owner, reader)
+        if world_size == 1 and reader.world_size == 1:
+            tree = reader.tree(0)
+            if "distributed" not in tree:
+                return LoadedStep(tree)
         saved_world = reader.world_size
         src = rank if rank < saved_world else 0
         tree = dict(reader.tree(src))

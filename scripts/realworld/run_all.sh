@@ -5,7 +5,8 @@
 #                                          [--python PY] [--trials N] [--seed S] [--scripts a,b]
 #   CHECKOUT   the Ravex checkout under test (a git worktree); installed editable into the venv
 #   --work     work directory (default: $RAVEX_RS_WORK, else ./realworld-work); holds the defaults below
-#   --venv     venv the scripts run in (default: WORK/venv; built when missing; env RAVEX_RS_VENV)
+#   --venv     venv the scripts run in (default: WORK/venv; built when missing; env RAVEX_RS_VENV); the
+#              autoloader is enabled there, so never the checkout's own .venv
 #   --src      sources: SRC/nanoGPT, SRC/examples, SRC/minGPT, SRC/pytorch-template (default: WORK/src;
 #              env RAVEX_RS_SRC); the last two only for the scripts that use them
 #   --results  results root (default: WORK/results; env RAVEX_RS_RESULTS); writes RESULTS/<sha>/
@@ -14,7 +15,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
-  sed -n '2,14p' "$0" >&2; exit 2
+  sed -n '2,15p' "$0" >&2; exit 2
 fi
 CHECKOUT=$(realpath "$1"); shift
 WORK=${RAVEX_RS_WORK:-}
@@ -37,6 +38,9 @@ WORK=$(realpath -m "${WORK:-realworld-work}")
 VENV=$(realpath -m "${VENV:-$WORK/venv}")
 SRC=$(realpath -m "${SRC:-$WORK/src}")
 RESULTS=$(realpath -m "${RESULTS:-$WORK/results}")
+if [ "$VENV" = "$CHECKOUT/.venv" ]; then  # 'ravex enable' there would start the autoloader in the test suite
+  echo "--venv $VENV is the checkout's test venv; give the scripts a venv of their own (default WORK/venv)" >&2; exit 2
+fi
 for d in "$SRC/nanoGPT" "$SRC/examples"; do
   [ -d "$d" ] || { echo "missing $d: clone karpathy/nanoGPT and pytorch/examples there (README.md)" >&2; exit 2; }
 done

@@ -159,11 +159,14 @@ def test_loop_over_prepared_batches_is_told_once_then_exact_with_ravex_loop(tmp_
         second = harness.run([harness.PYTHON, str(SHAPES / shape.script)], cwd,
                              harness.child_env(**env, T_OUT=str(cwd / "final.pt")))
         assert second.returncode == 0 and second.resumed_from == 30, second.explain()
-        told = [t for t in second.stderr.splitlines() if "ravex.loop" in t]
+        told = [t for t in second.stderr.splitlines() if "where the loop stood is unknown" in t]
         if wrapped == "0":
             assert len(told) == 1 and f"sliced_function.py:{line}" in told[0], second.explain()
+            # and the witness measures what the warning foresaw
+            assert (second.witness or "").startswith("ravex: resume diverged at step 31"), second.explain()
         else:
             assert told == [], second.explain()
+            second.assert_verified()
             _assert_continues(_output(second), _after(_output(ref), 30), "ravex.loop")
             harness.assert_same_state(torch.load(cwd / "final.pt", weights_only=False), ref_state)
 
