@@ -125,6 +125,7 @@ class Cadence(Resume):
     def _count_step(self, n: int) -> None:
         """Step ``n`` is done: count it, and mark a checkpoint due on the interval or clock."""
         self.witness.step_done(n)
+        self.lookahead.stepped()
         self.step = n
         self._steps_here += 1
         if self._steps_here == 1:

@@ -173,6 +173,7 @@ class RavexRuntime(Cadence):
             self.drop_triggers()
             self._keepalive.clear()
             self._clear_forward_hook()
+            self.lookahead.close()
             self.loop_position.stop()
             self._restore_signals()
             self._stop_watch()

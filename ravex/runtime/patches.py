@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import dataloader as _dl
 
 from . import rng, sampler_epoch, workers
+from .lookahead import log_worker_batch
 
 _END = object()
 
@@ -147,7 +148,7 @@ def install(runtime: Any) -> Patches:
                 rng.restore_epoch_rng(loader, before)
                 self._base_seed, st.reused = seed, True
             st.workers_seed = self._base_seed if loader.persistent_workers and self._num_workers else None
-            st.worker_rng = dict(adopted or {})
+            st.worker_rng, st.worker_log = dict(adopted or {}), None
             if workers.tracks(self):
                 self._collate_fn = workers.Reporting(self._collate_fn)
                 if adopted or skip % self._num_workers:
@@ -174,6 +175,8 @@ def install(runtime: Any) -> Patches:
                 return original(self)
             runtime.at_boundary(st)
             discard = self.__dict__.get("_ravex_discard", 0)
+            lookahead = runtime.lookahead
+            lookahead.fetching += 1
             try:
                 while discard:
                     original(self)
@@ -182,8 +185,13 @@ def install(runtime: Any) -> Patches:
                 data = original(self)
             except StopIteration:
                 st.exhausted = True
+                lookahead.ran_out(st)
                 raise
+            finally:
+                lookahead.fetching -= 1
             st.yielded += 1
+            if type(data) is workers.Batch:
+                log_worker_batch(st, data.worker, data.rng)
             return workers.unwrap(data, st.worker_rng)
 
         return __next__

@@ -10,7 +10,8 @@ backend stages them). Tree layout (lists are indexed by creation order)::
     schedulers  [{"type", "state"}]      scalers  [{"type", "state"}]
     loaders     [{"type", "length", "batch_size", "epoch", "yielded", "exhausted",
                   "active", "epoch_rng", "offset", "sampler", "generators", "workers_seed", "reused",
-                  "worker_rng"}]  (:mod:`.sampler_epoch`, :mod:`.workers`)
+                  "worker_rng"}]  (:mod:`.sampler_epoch`, :mod:`.workers`); ``yielded`` counts
+                the batches the loop consumed, not those a wrapper fetched ahead (:mod:`.lookahead`)
     loops       [{"site", "at", "boundary"}]   the ravex.loop positions, outermost first
     script      {"mode", "frames": [{"code", "line", "loops", "variables"}]}  the main
                 script's loop position and the variables its loops carry (optional)
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from . import sampler_epoch, workers
+from .lookahead import consumed_worker_rng, held
 from .registry import LoaderState, Registry
 from .rng import capture_generators, capture_rng
 
@@ -96,12 +98,13 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
     loaders = []
     for loader in registry.live("loaders"):
         st = registry.loader_state(loader)
+        consumed = st.yielded - held(st)  # a wrapper's look-ahead is not consumed yet
         loaders.append(
             {
                 **loader_identity(loader),
                 "epoch": st.epoch,
-                "yielded": st.yielded,
-                "exhausted": st.exhausted,
+                "yielded": consumed,
+                "exhausted": st.exhausted and consumed == st.yielded,
                 "active": st is active_loader,
                 "epoch_rng": st.epoch_rng,
                 "offset": st.offset,
@@ -109,7 +112,7 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
                 "generators": capture_generators(loader),
                 "workers_seed": st.workers_seed,
                 "reused": st.reused,
-                "worker_rng": workers.for_tree(st.worker_rng),
+                "worker_rng": workers.for_tree(consumed_worker_rng(st, consumed)),
             }
         )
     tree["loaders"] = loaders

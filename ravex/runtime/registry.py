@@ -23,7 +23,7 @@ _LOADER_STATE = "_ravex_state"
 _OPTIMIZER_STEPS = "_ravex_steps"
 
 
-@dataclass
+@dataclass(eq=False)
 class LoaderState:
     """Where one DataLoader is: which epoch (``__iter__`` call) and how far into it."""
 
@@ -50,6 +50,21 @@ class LoaderState:
     #: what the next iterator made takes over from a checkpoint instead of drawing or seeding
     pending_seed: int | None = None
     pending_workers: dict[int, Any] | None = None
+    #: a wrapper that fetches ahead (:mod:`.lookahead`): its depth, last measured (in this epoch;
+    #: in any); ``yielded`` when the iterator began, at the epoch's first use of the model and at
+    #: its last optimizer step before it ran out; the steps since, and the batches a step took; the
+    #: last batches'
+    #: ``((epoch, index), worker, RNG state)``
+    ahead: int = 0
+    ahead_measured: bool = False
+    ahead_known: bool = False
+    ahead_start: int = 0
+    ahead_first: int | None = None
+    ahead_wait: int = 0
+    step_yielded: int | None = None
+    tail_steps: int = 0
+    step_batches: int = 1
+    worker_log: Any = None
 
 
 @dataclass

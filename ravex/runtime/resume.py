@@ -27,6 +27,7 @@ from ravex.saving.load import read_refs
 from . import patches, position, restore, rng, workers
 from .config import RavexConfig
 from .distributed import collectives, layout
+from .lookahead import LookAhead
 from .plan import script_name
 from .position import Entry, Loop, LoopPosition, Reentry, advice
 from .registry import LoaderState, Registry
@@ -77,6 +78,7 @@ class Resume:
         self._loops_matched = 0  # how many of them this run has entered
         self._loops_skipped = False
         self.loop_position = LoopPosition(config.script_variables)  # where the user's loops stand
+        self.lookahead = LookAhead()  # what a loader's wrapper fetched before the loop consumed it
         self._peeked: tuple[int, Any] | None = None  # (step, what read_step gave) before _load_resume
         #: the script that wrote the step this run found, when it is not this one: Ravex stays off
         self.other_script: str | None = None
@@ -614,6 +616,7 @@ class Resume:
             st.pending_seed = entry.get("workers_seed") if entry.get("reused") else None
             st.pending_workers = workers.from_tree(entry.get("worker_rng"))
             iterator = original(loader)
+            self.lookahead.epoch_began(st)
             if self.loop_position.enumerate is not None:
                 self.loop_position.enumerate.expect(iterator, st.yielded)
             if current is not None:
@@ -625,7 +628,9 @@ class Resume:
         st.reused = bool(loader.persistent_workers and loader.num_workers and loader._iterator is not None)
         st.epoch_rng = rng.capture_epoch_rng(loader)
         st.pending_skip, st.offset, st.offset_sampler = 0, 0, None
-        return original(loader)
+        iterator = original(loader)
+        self.lookahead.epoch_began(st)
+        return iterator
 
 
 

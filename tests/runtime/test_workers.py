@@ -41,8 +41,10 @@ def _reference(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) ->
     return _references[key]
 
 
-def _kill_then_resume(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str],
-                      block_at: str, every: int) -> int:
+def kill_then_resume(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str],
+                     block_at: str, every: int) -> harness.Result:
+    """SIGKILL the trainee at ``block_at``, rerun it: the rerun ends bitwise equal to plain torch.
+    The rerun's result."""
     ref, ref_state = _reference(tmp_path_factory, env)
     (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {every}\n")
     argv = [harness.PYTHON, str(TRAINEE)]
@@ -57,13 +59,14 @@ def _kill_then_resume(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, 
     assert resumed is not None and resumed > 0, second.explain()
     assert second.losses == ref.losses[resumed:], f"the losses after resuming from step {resumed} differ"
     harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
-    return resumed
+    return second
 
 
 def _mid_epoch(tmp_path, tmp_path_factory, env, first_step: int, last_step: int) -> None:
     kill = harness.kill_points().randrange(first_step, last_step + 1)
-    resumed = _kill_then_resume(tmp_path, tmp_path_factory, env, f"step:{kill}", EVERY)
-    assert resumed == (kill - 1) // EVERY * EVERY
+    second = kill_then_resume(tmp_path, tmp_path_factory, env, f"step:{kill}", EVERY)
+    assert second.resumed_from == (kill - 1) // EVERY * EVERY
+    second.assert_verified()  # a step after the checkpoint ran before the kill: the witness has it
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -79,7 +82,7 @@ def test_persistent_workers_resume_after_an_epoch_end(tmp_path, tmp_path_factory
     """The checkpoint at the end of epoch 1: the rerun's epoch 2 makes the iterator the first
     run reset, with its workers as they stood."""
     env = {"T_WORKERS": str(workers), "T_PERSISTENT": "1"}
-    assert _kill_then_resume(tmp_path, tmp_path_factory, env, "epoch:1", PER_EPOCH) == 2 * PER_EPOCH
+    assert kill_then_resume(tmp_path, tmp_path_factory, env, "epoch:1", PER_EPOCH).resumed_from == 2 * PER_EPOCH
 
 
 @pytest.mark.parametrize("generator", ["0", "1"])
@@ -91,7 +94,7 @@ def test_persistent_workers_resume_mid_epoch_0(tmp_path, tmp_path_factory, gener
 
 def test_persistent_workers_resume_after_epoch_0(tmp_path, tmp_path_factory):
     env = {"T_WORKERS": "2", "T_PERSISTENT": "1", "T_GENERATOR": "1"}
-    assert _kill_then_resume(tmp_path, tmp_path_factory, env, "epoch:0", PER_EPOCH) == PER_EPOCH
+    assert kill_then_resume(tmp_path, tmp_path_factory, env, "epoch:0", PER_EPOCH).resumed_from == PER_EPOCH
 
 
 @pytest.mark.parametrize("workers", [2, 3])
