@@ -172,7 +172,10 @@ class LoopPosition:
         return reentry
 
     def stop(self) -> None:
-        """Shutdown: no trace function, no ``enumerate`` of ours left behind."""
+        """Shutdown: no trace function, no ``enumerate`` of ours left behind, and no frame held
+        (a returned function's frame keeps its model and loader alive)."""
+        self.last_frames = []
+        self.head_frame = None
         self.stop_watch()
         if self.reentry is not None:
             self.reentry.stop()
