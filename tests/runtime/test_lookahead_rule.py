@@ -4,14 +4,24 @@ point would record as consumed. The kill/resume proof is test_lookahead.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from ravex.runtime.lookahead import LookAhead, held
 from ravex.runtime.registry import LoaderState
 
-MODEL = nn.Sequential(nn.Linear(2, 2), nn.ReLU())  # submodules: several hook calls per use
 X = torch.zeros(1, 2)
+
+
+_loops: list[Loop] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_hook_left():
+    yield
+    while _loops:
+        _loops.pop().rule.close()
 
 
 class Loop:
@@ -19,14 +29,18 @@ class Loop:
 
     def __init__(self, n: int, rule: LookAhead | None = None) -> None:
         self.rule = rule or LookAhead()
+        # submodules: several hook calls per use; a local, so that no later test's runtime finds
+        # it alive
+        self.model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
         self.st = LoaderState()
         self.n = n
         self.rule.epoch_began(self.st)
+        _loops.append(self)
 
     def fetch(self) -> bool:
         self.rule.fetching += 1
         try:
-            MODEL[0](X)  # a transform that is a module, run while fetching: no use
+            self.model[0](X)  # a transform that is a module, run while fetching: no use
         finally:
             self.rule.fetching -= 1
         if self.st.yielded == self.n:
@@ -37,7 +51,7 @@ class Loop:
         return True
 
     def use(self) -> None:
-        MODEL(X)
+        self.model(X)
 
     def step(self) -> None:
         self.rule.stepped()
