@@ -50,7 +50,7 @@ class LookAhead:
 
     def epoch_began(self, st: LoaderState) -> None:
         """A new iterator over ``st``'s loader (or a persistent one reset): measure from here."""
-        st.ahead_start, st.ahead_first, st.ahead_measured, st.ahead_wait = st.yielded, None, False, 0
+        st.ahead_start, st.ahead_first, st.ahead_wait = st.yielded, None, 0
         st.step_yielded, st.tail_steps = None, 0
         if st not in self._feeding:
             self._feeding.append(st)
@@ -94,13 +94,17 @@ class LookAhead:
                 st.ahead_first = handed
             elif handed > st.ahead_first:
                 st.ahead = max(0, 2 * st.ahead_first - handed)
-                st.ahead_measured = st.ahead_known = True
+                st.ahead_known = True
                 self._stop_measuring(st)
 
     def _stop_measuring(self, st: LoaderState) -> None:
         if st in self._measuring:
             self._measuring.remove(st)
-        if not self._measuring and self._hook is not None:
+        if not self._measuring:
+            self._drop_hook()
+
+    def _drop_hook(self) -> None:
+        if self._hook is not None:
             self._hook.remove()
             self._hook = None
 
@@ -108,14 +112,12 @@ class LookAhead:
         """Remove the hook (the runtime shuts down)."""
         self._measuring.clear()
         self._feeding.clear()
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._drop_hook()
 
 
 def depth(st: LoaderState) -> int:
     """How many batches ahead of the loop ``st``'s loader is fetched (see the module's rule)."""
-    if st.ahead_measured or st.ahead_known or st.ahead_first is None:
+    if st.ahead_known or st.ahead_first is None:
         return st.ahead
     return max(0, st.ahead_first - 1)
 

@@ -50,13 +50,12 @@ class LoaderState:
     #: what the next iterator made takes over from a checkpoint instead of drawing or seeding
     pending_seed: int | None = None
     pending_workers: dict[int, Any] | None = None
-    #: a wrapper that fetches ahead (:mod:`.lookahead`): its depth, last measured (in this epoch;
-    #: in any); ``yielded`` when the iterator began, at the epoch's first use of the model and at
-    #: its last optimizer step before it ran out; the steps since, and the batches a step took; the
-    #: last batches'
+    #: a wrapper that fetches ahead (:mod:`.lookahead`): its depth as last measured, and whether
+    #: any epoch measured it; ``yielded`` when the iterator began, at the epoch's first use of the
+    #: model, and at its last optimizer step before it ran out; the steps since its first use; the
+    #: steps since it ran out, and the batches a step took; the last batches'
     #: ``((epoch, index), worker, RNG state)``
     ahead: int = 0
-    ahead_measured: bool = False
     ahead_known: bool = False
     ahead_start: int = 0
     ahead_first: int | None = None
