@@ -199,7 +199,12 @@ def _goodput(args: argparse.Namespace) -> int:
     os.makedirs(args.dir, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="ravex-goodput-", dir=args.dir)
     try:
-        res["h_goodput"] = goodput.run(_goodput_config(args, scratch, log))
+        cfg = _goodput_config(args, scratch, log)
+        res["h_goodput"] = goodput.run(cfg)
+        if goodput.LOOP in cfg.modes:
+            from . import goodput_loop
+
+            res["h_goodput"]["modes"][goodput.LOOP] = goodput_loop.run_loop(cfg)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     res["budget"] = budget.budget(res)
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--reps", type=int, help="runs of every contender (median); default 1")
     g.add_argument("--width", type=int, help="Linear layers' width; default 4096 (1.125 GiB of state)")
     g.add_argument("--batch", type=int, help="rows per iteration; default 16")
-    g.add_argument("--modes", help="comma list: full,frozen (default both)")
+    g.add_argument("--modes", help="comma list: full,frozen,loop (default full,frozen; loop: the user's "
+                                   "loop with Ravex's own cadence, whole runs against an unchecked one)")
     g.add_argument("--checkpoints", type=int, help="checkpoint/quiet cycle pairs per process; default 6")
     g.add_argument("--threads", type=int, help="torch threads in the loop (default: every core; 1 here leaves a "
                    "core idle, as a GPU-bound loop does)")

@@ -63,6 +63,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ravex, staging cap 256 MiB": {"activate:staging_max_bytes": 256 << 20},
 }
 MODES = ("full", "frozen")
+#: the user's loop, measured whole against the same loop unchecked (:mod:`benchmarks.goodput_loop`)
+LOOP = "loop"
 #: Ravex's figure over each peer's: (contender, ratio key)
 PEERS = (("dcp.async_save", "dcp_async"), ("torch.save", "torch_save"), ("bare copy", "bare_copy"),
          ("copy + O_DIRECT write", "copy_write"))
@@ -89,8 +91,8 @@ class Config:
 
 
 def quick() -> Config:
-    """A tiny state, 2 checkpoints, the full model only: checks that every contender runs, in seconds."""
-    return Config(width=256, batch=8, checkpoints=2, every=2, warmup=1, modes=("full",))
+    """A tiny state, 2 checkpoints, the full model and the user's loop: checks that every contender runs, in seconds."""
+    return Config(width=256, batch=8, checkpoints=2, every=2, warmup=1, modes=("full", LOOP))
 
 
 # ---- the child: one contender, one mode, one process ---------------------------------------------
@@ -472,7 +474,7 @@ def run(cfg: Config) -> dict[str, Any]:
     names = list(cfg.contenders) + list(cfg.variants)
     load = list(os.getloadavg())
     modes: dict[str, Any] = {}
-    for mode in cfg.modes:
+    for mode in (m for m in cfg.modes if m != LOOP):
         nbytes, changed = _state_bytes(cfg, mode)
         cfg.log(f"goodput {mode}: {nbytes / (1 << 30):.3f} GiB state ({changed / (1 << 30):.3f} GiB changing), "
                 f"{cfg.checkpoints} checkpoints, each against {cfg.every} quiet iterations, {cfg.reps} rep(s) ...")
