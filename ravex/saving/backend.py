@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from ravex.format.witness import Witness
 
-from .logline import STALL_KEY, ms, stall_ms, stall_text
+from .logline import STALL_KEY, checkpoint_line, stall_ms, stall_text
 from .plan import Outcomes, SavePlan, SavingSettings
 from .stager import Stager
 from .writer_thread import AsyncSaver, Job
@@ -164,10 +164,7 @@ class CheckpointBackend(ABC):
         self.last_error = None
         total = time.perf_counter() - job.submitted
         self.last_seconds = {**job.stall, **self._phases(result or {}), "background": total}
-        self.last_line = (
-            f"ravex: checkpoint step {job.step}: {stall} | {self._describe(job, result or {})} | "
-            f"in background {ms(total)} ms -> {self.url}"
-        )
+        self.last_line = checkpoint_line(job.step, stall, self._describe(job, result or {}), total, self.url)
         self._log_line(self.last_line)
         if job.outcomes is not None:
             job.outcomes.succeeded(job.step)

@@ -39,7 +39,7 @@ from ravex.format.witness import Witness, read_witness, write_witness
 
 from .backend import CheckpointBackend, LoadedStep
 from .load import read_refs
-from .logline import failed_line, job_line, mib, ms
+from .logline import commit_text, failed_line, job_line
 from .plan import SavingSettings
 from .ranks import place
 from .witness_writer import WitnessWriter
@@ -317,14 +317,7 @@ class ZarrBackend(CheckpointBackend):
         return out
 
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
-        s = result["stats"]
-        sec = dict(s.seconds or {})
-        phases = " ".join(f"{k} {ms(sec[k])}" for k in ("hash", "encode", "write", "manifest") if k in sec)
-        gc = f" gc {ms(result['gc'])}" if "gc" in result else ""
-        return (
-            f"{phases}{gc} ms | {mib(s.new_bytes)} new ({s.new_chunks} chunks), "
-            f"{mib(s.reused_bytes)} reused ({s.reused_chunks} chunks) of {mib(s.logical_bytes)}"
-        )
+        return commit_text(result["stats"], result.get("gc"))
 
     # ── the resume witness (spec §22) ───────────────────────────────────
 
