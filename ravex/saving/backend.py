@@ -33,6 +33,11 @@ from .writer_thread import AsyncSaver, Job
 
 logger = logging.getLogger("ravex")
 
+#: The manifest metadata member that marks a step as a Lightning Trainer's checkpoint (what
+#: :class:`ravex.integrations.lightning.RavexCheckpointIO` writes: Lightning's tree, the file name
+#: Lightning gave it as value). The runtime never restores such a step as a tree of its own.
+LIGHTNING_KEY = "lightning_path"
+
 
 @dataclass
 class LoadedStep:
@@ -232,6 +237,11 @@ class CheckpointBackend(ABC):
         """``step`` as this rank resumes from it; None if it is gone."""
         tree = self.load_step(step)
         return None if tree is None else LoadedStep(tree)
+
+    def lightning_step(self, step: int) -> bool:
+        """Whether ``step`` is a Lightning Trainer's checkpoint (:data:`LIGHTNING_KEY`), not a
+        tree of the runtime's own. Default: never (Lightning writes through the format only)."""
+        return False
 
     def newest_step_guess(self, rank: int) -> int | None:
         """A rank other than 0, before the ranks can talk: the step it will most likely resume

@@ -37,7 +37,7 @@ from ravex.format.summary import read_manifest_header
 from ravex.format.timelines import split_ref
 from ravex.format.witness import Witness, read_witness, write_witness
 
-from .backend import CheckpointBackend, LoadedStep
+from .backend import LIGHTNING_KEY, CheckpointBackend, LoadedStep
 from .load import read_refs
 from .logline import commit_text, failed_line, job_line
 from .plan import SavingSettings
@@ -372,6 +372,12 @@ class ZarrBackend(CheckpointBackend):
     def complete_steps(self) -> list[int]:
         """The steps of this backend's timeline's history (spec §19), oldest first."""
         return [step for _, step in self.timeline.lineage_steps()]
+
+    def lightning_step(self, step: int) -> bool:
+        """From the metadata of the step's manifest of rank 0: none requested once the step was
+        listed (its manifests are cached) or handed over by rank 0."""
+        owner, number = self._owner_of(step)
+        return LIGHTNING_KEY in owner.manifest(number, 0).metadata
 
     def resume_point(self, resume: int | str) -> int:
         """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;
