@@ -41,8 +41,15 @@ pointer names. Pointer files live on a local path; the store may be remote.
 
 **Zero-code.** Under ``ravex enable`` (:mod:`ravex.runtime.frameworks`) :func:`install` gives each
 Trainer with Lightning's default CheckpointIO a callback that saves every ``checkpoint_every``
-global steps into ``<storage>-lightning`` through this plugin, one step per global step, numbered
-by it and carrying the training loss, and the newest of them as its ``ckpt_path``. Every other save
+global steps into the configured store through this plugin, one step per global step, numbered
+by it (raised above any steps of the runtime's own the timeline already holds) and carrying the
+training loss, and the newest of them as its ``ckpt_path``. Each step's manifest says it is
+Lightning's (:data:`~ravex.saving.backend.LIGHTNING_KEY`): the runtime, which reads the store when
+it starts, before any Trainer exists, never restores one as a tree of its own. A store with no
+Lightning step is resumed from ``<storage>-lightning`` when earlier versions of Ravex left steps
+there. Every save logs the line every Ravex checkpoint logs (``ravex: checkpoint step N: stall
+... -> <store>``, on the ``ravex`` logger, which ``ravex enable`` shows) from the rank that
+writes: rank 0, the one Lightning hands its checkpoint to under DDP. Every other save
 (``ModelCheckpoint``'s, the script's own ``trainer.save_checkpoint``) stays the file Lightning's
 own CheckpointIO writes (:class:`ZeroCodeIO`): the script's files are what they were without Ravex.
 The callback also makes the resume exact where Lightning's checkpoint alone is not: it carries
@@ -66,6 +73,7 @@ import os
 import re
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -73,12 +81,17 @@ from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 
+from ravex.errors import RestoreError
 from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
 from ravex.format.storage.atomic import atomic_write, unlink_quietly
 from ravex.format.timelines import MAIN, split_ref
+from ravex.saving.backend import LIGHTNING_KEY
+from ravex.saving.logline import checkpoint_line, commit_text, copied_text, stall_text
 
 EXTRA = "ravex[lightning]"
 POINTER_FORMAT = 1
+#: the manifest metadata member holding the step's Lightning global step (a decimal string)
+GLOBAL_STEP_KEY = "global_step"
 
 logger = logging.getLogger("ravex")
 
@@ -121,6 +134,7 @@ class RavexCheckpointIO:
         self._view: CheckpointStore | None = None  # the timeline this plugin writes
         self._timeline: str | None = None  # its name, when not main (zero-code: the current one)
         self._fork_at: Ref | None = None  # a step to fork a new timeline from at the first write
+        self._base = 0  # numbering="global_step": added to each global step (zero-code: above the steps there)
         self._writer: StepWriter | None = None
         self._next_step: int | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -136,12 +150,15 @@ class RavexCheckpointIO:
             raise TypeError("RavexCheckpointIO.save_checkpoint takes no storage_options; pass them to "
                             "RavexCheckpointIO(url, storage_options=...)")
         path = _local(path)
+        started = time.perf_counter()
         while len(self._saves) >= self.max_queued:
             wait([self._saves.pop(0)])
+        waited = time.perf_counter() - started
         self._raise_failed()
         loss = self.loss() if self.loss is not None else None
         tree = to_tree(checkpoint, copy=self.async_writes)
-        done = self._run(lambda: self._write(tree, path, loss))
+        stall = stall_text(waited, time.perf_counter() - started - waited, _copied(checkpoint, self.async_writes))
+        done = self._run(functools.partial(self._write, tree, path, loss, _Handoff(stall)))
         if done is not None:
             self._saves.append(done)
 
@@ -222,26 +239,29 @@ class RavexCheckpointIO:
                         "the new timeline %r of %s", fork_at, self._view.timeline.name, self.url)
         return self._view
 
-    def _write(self, tree: Any, path: str, loss: float | None) -> None:
+    def _write(self, tree: Any, path: str, loss: float | None, handoff: _Handoff) -> None:
         view = self._writing()
         if self._writer is None:
             self._writer = view.writer(compression=self.compression)
         if self.numbering == "global_step":
-            step = int(tree["global_step"])
+            step = self._base + int(tree["global_step"])
             if view.step_info(step).complete:
                 logger.warning("ravex: %s already holds step %d (global step %d of an earlier run): this save "
                                "is not written; a run that starts over needs a store of its own",
-                               self.url, step, step)
+                               self.url, step, tree["global_step"])
                 return
         else:
             if self._next_step is None:
                 self._next_step = max(view.step_numbers(), default=-1) + 1
             step, self._next_step = self._next_step, self._next_step + 1
-        metadata = {"lightning_path": os.path.basename(path)}
+        where = {k: v for k in ("epoch", "global_step") if isinstance(v := tree.get(k), int)}
+        metadata = {LIGHTNING_KEY: os.path.basename(path)}
+        if "global_step" in where:
+            metadata[GLOBAL_STEP_KEY] = str(where["global_step"])
         if loss is not None:
             metadata["loss"] = repr(loss)  # shortest round-trip text, as the runtime's steps (spec §20)
-        self.stats.append(self._writer.commit(step, tree, metadata=metadata))
-        where = {k: v for k in ("epoch", "global_step") if isinstance(v := tree.get(k), int)}
+        stats = self._writer.commit(step, tree, metadata=metadata)
+        self.stats.append(stats)
         try:
             replaced: tuple[str, Ref] | None = read_pointer(path)
         except (OSError, ValueError):
@@ -249,6 +269,8 @@ class RavexCheckpointIO:
         write_pointer(path, self.url, _ref(view, step), where)
         if replaced is not None:
             self._drop_unnamed(os.path.dirname(path) or ".", *replaced)
+        logger.info("%s", checkpoint_line(step, handoff.stall, commit_text(stats),
+                                          time.perf_counter() - handoff.submitted, view.url))
 
     def _remove(self, path: str) -> None:
         try:
@@ -267,6 +289,28 @@ class RavexCheckpointIO:
         view = self._writing()
         if name == view.timeline.name:
             view.delete_step(number)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Handoff:
+    """A save as the training loop handed it to the writer: what it paid (the log line's stall)
+    and when, for the line's time to durable."""
+
+    stall: str
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+
+
+def _copied(checkpoint: Any, every: bool) -> str:
+    """What :func:`to_tree` copied of ``checkpoint``'s tensors, for the log line: all of them
+    (``every``: a write that runs after the caller goes on) or those not in CPU memory."""
+    import torch
+
+    from ravex.saving.tree import leaves
+
+    tensors = [v for v in leaves(checkpoint) if isinstance(v, torch.Tensor)]
+    copied = [t for t in tensors if every or t.device.type != "cpu"]
+    return copied_text(len(copied), len(tensors), sum(t.numel() * t.element_size() for t in copied),
+                       sum(t.numel() * t.element_size() for t in tensors))
 
 
 class ZeroCodeIO:
@@ -458,7 +502,7 @@ def _absolute(url: str) -> str:
 class ZeroCode:
     """What ``ravex.yaml`` asks of a Lightning run that names no Ravex in its code."""
 
-    url: str  #: the store (``storage``)
+    url: str  #: the store (``storage``), which the runtime's own steps may share: their metadata tells them apart
     pointers: str  #: a local folder for the pointer files Lightning loads from
     every: int | None  #: ``checkpoint_every``: a checkpoint each time the global step is a multiple
     keep_last: int | None  #: the newest steps this run's saves keep (older ones lose their manifest)
@@ -466,6 +510,9 @@ class ZeroCode:
     on_exit: bool = True  #: ``checkpoint_on_exit``: one more at the end of ``fit``
     compression: str = "none"
     storage_options: dict[str, Any] | None = None
+    #: the store beside ``url`` that earlier versions of Ravex wrote these steps to: ``resume: auto``
+    #: resumes its newest Lightning step when ``url`` holds none (this run's saves go to ``url``)
+    former: str | None = None
 
 
 class TrainingLoss(Protocol):
@@ -537,46 +584,111 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, ligh
         return
     io = RavexCheckpointIO(settings.url, compression=settings.compression, storage_options=settings.storage_options,
                            numbering="global_step", loss=runtime.last_loss.value)
-    resume, timeline, newest = _resume_step(settings)
-    io._timeline = timeline
-    if resume is not None and not newest:
-        io._fork_at = resume  # the steps after it are another history: this run's go to a new timeline
+    start = _start(settings)
+    io._timeline, io._base = start.timeline, start.base
+    if start.fork:
+        io._fork_at = start.step  # the steps after it are another history: this run's go to a new timeline
     trainer.strategy.checkpoint_io = ZeroCodeIO(io, current, settings.pointers)
     trainer.callbacks.append(lightning.cadence(settings, io))
-    where = f"; resuming from step {resume}" if resume is not None else ""
-    runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{where}")
-    if resume is not None and trainer.ckpt_path is None:
+    runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{start.describe()}")
+    if start.step is not None and trainer.ckpt_path is None:
         path = os.path.join(settings.pointers, "resume.ckpt")
-        write_pointer(path, settings.url, resume)  # every rank the same bytes, atomically: no wait
+        write_pointer(path, start.url or settings.url, start.step)  # every rank the same bytes, atomically: no wait
         trainer.ckpt_path = path
 
 
-def _resume_step(settings: ZeroCode) -> tuple[Ref | None, str | None, bool]:
-    """The step a rerun resumes from: the newest one the plugin wrote on the store's current
-    timeline (spec §19, the one a plain rerun continues), or ``resume``'s (``60``, ``exp@60``);
-    the timeline this run writes; and whether that step is the newest of its timeline (if not,
-    this run's steps go to a new timeline forked from it, at its first write)."""
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where a zero-code run begins (:func:`_start`)."""
+
+    step: Ref | None = None  #: the Lightning step it resumes; None: none
+    url: str | None = None  #: the store holding that step when it is not the configured one (``former``)
+    timeline: str | None = None  #: the timeline its saves go to (None: a store not created yet, main)
+    fork: bool = False  #: ``step`` is not the newest of that timeline: the saves go to a new one forked from it
+    base: int = 0  #: added to each save's global step to number its step: above every step the timeline holds
+
+    def describe(self) -> str:
+        """The resume, as the end of the line that says who checkpoints the run."""
+        if self.step is None:
+            return ""
+        if self.url is None:
+            return f"; resuming from step {self.step}"
+        return f"; resuming from step {self.step} of {self.url}, where an earlier Ravex kept Lightning's steps"
+
+
+def _start(settings: ZeroCode) -> _Start:
+    """Where this run begins: the newest Lightning step of the store's current timeline (spec §19,
+    the one a plain rerun continues), or ``resume``'s (``60``, ``exp@60``); with neither, the newest
+    of ``settings.former``. Steps of the runtime's own on the timeline are never resumed, and each
+    save's step number is its global step raised above every step the timeline holds (spec §14, A1:
+    a timeline's steps only increase): a Lightning step older than the timeline's newest forks a
+    new timeline for this run, as ``resume:`` does."""
     from ravex.format import StoreNotFoundError
 
     try:
         store = open_store(settings.url, storage_options=settings.storage_options)
     except StoreNotFoundError:
-        return None, None, True
-    view = store.current()
-    if settings.resume == "never":
-        return None, view.timeline.name, True
-    if settings.resume == "auto":
-        for owner, step in reversed(view.lineage_steps()):
-            if "lightning_path" in owner.manifest(step, 0).metadata:
-                return _ref(owner, step), view.timeline.name, True
-        return None, view.timeline.name, True
-    name, text = split_ref(str(settings.resume))
-    if name is not None:
-        view = store.on_timeline(name)
+        return _former(settings, None, 0) if settings.resume == "auto" else _Start()
+    name, _ = split_ref(str(settings.resume))
+    view = store.current() if name is None else store.on_timeline(name)
     history = view.lineage_steps()
-    owner, step = view.locate(text)
-    newest = bool(history) and (history[-1][0].timeline.name, history[-1][1]) == (owner.timeline.name, step)
-    return _ref(owner, step), view.timeline.name, newest
+    top = history[-1][1] if history else 0
+    found = _found(settings, view, history)
+    if found is None:
+        fresh = _Start(timeline=view.timeline.name, base=top)
+        return _former(settings, view.timeline.name, top) if settings.resume == "auto" else fresh
+    owner, step = found
+    at_newest = bool(history) and (owner.timeline.name, step) == (history[-1][0].timeline.name, top)
+    return _Start(_ref(owner, step), timeline=view.timeline.name, fork=not at_newest,
+                  base=step - _global_step(owner, step))
+
+
+def _found(settings: ZeroCode, view: CheckpointStore,
+           history: list[tuple[CheckpointStore, int]]) -> tuple[CheckpointStore, int] | None:
+    """The Lightning step this run resumes on the timeline ``view`` (whose steps are ``history``):
+    the newest (``resume: auto``), none (``never``), or the one ``resume`` names, which must be one."""
+    if settings.resume == "never":
+        return None
+    if settings.resume == "auto":
+        return next(((owner, step) for owner, step in reversed(history) if _is_lightning(owner, step)), None)
+    owner, step = view.locate(split_ref(str(settings.resume))[1])
+    if not _is_lightning(owner, step):
+        raise RestoreError(f"resume: {settings.resume} names a step of Ravex's own in {settings.url}, not a "
+                           "Lightning Trainer's checkpoint: a Lightning run resumes Lightning's steps only "
+                           "(`resume: auto` finds the newest)")
+    return owner, step
+
+
+def _is_lightning(owner: CheckpointStore, step: int) -> bool:
+    """Whether ``step`` of the timeline ``owner`` is a Lightning checkpoint (its manifest's metadata)."""
+    return LIGHTNING_KEY in owner.manifest(step, 0).metadata
+
+
+def _former(settings: ZeroCode, timeline: str | None, top: int) -> _Start:
+    """A run that finds no Lightning step in the configured store, whose newest step is ``top`` (0:
+    none): the newest Lightning step of ``settings.former``, where earlier versions of Ravex kept
+    them, when that store has one; this run's saves go to the configured store all the same,
+    numbered above ``top``."""
+    from ravex.format import StoreNotFoundError
+
+    fresh = _Start(timeline=timeline, base=top)
+    if settings.former is None:
+        return fresh
+    try:
+        view = open_store(settings.former, storage_options=settings.storage_options).current()
+    except StoreNotFoundError:
+        return fresh
+    for owner, step in reversed(view.lineage_steps()):
+        if _is_lightning(owner, step):
+            return _Start(_ref(owner, step), url=settings.former, timeline=timeline,
+                          base=max(top - _global_step(owner, step), 0))
+    return fresh
+
+
+def _global_step(owner: CheckpointStore, step: int) -> int:
+    """The Lightning global step of ``step`` (its manifest's metadata; a step written without it
+    was numbered by its global step)."""
+    return int(owner.manifest(step, 0).metadata.get(GLOBAL_STEP_KEY, step))
 
 
 class _EveryN:

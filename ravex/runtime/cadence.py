@@ -352,6 +352,8 @@ class Cadence(Resume):
         assert backend is not None
         try:
             self.ensure_restored()
+            if not self.enabled:  # it stood down instead (a Lightning step found, no Trainer)
+                return False
             if not self._prepared_writes:
                 self._prepare_writes(backend)
                 self._prepared_writes = True

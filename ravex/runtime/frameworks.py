@@ -10,9 +10,11 @@ a framework: an unused one costs one ``sys.meta_path`` lookup per import.
   objects as for any script; the integration adds the Trainer's state and puts its loop there.
 - Lightning's ``Trainer`` (:mod:`ravex.integrations.lightning`), imported as ``lightning`` or as
   the standalone ``pytorch_lightning``: Lightning's own checkpoint is the whole state, so its
-  ``RavexCheckpointIO`` writes it at the configured cadence into a store beside the configured
-  one (:func:`lightning_store`) and Lightning's own restore resumes it; the runtime's checkpoints
-  and restores stand down (``hand_over``). Its pointer files go in ``.ravex/`` (:func:`pointer_folder`).
+  ``RavexCheckpointIO`` writes it at the configured cadence into the configured store and
+  Lightning's own restore resumes it; the runtime's checkpoints and restores stand down
+  (``hand_over``). The runtime tells Lightning's steps from its own by their manifests' metadata
+  and never restores one. Its pointer files go in ``.ravex/`` (:func:`pointer_folder`); the store
+  earlier versions wrote these steps to is still resumed from (:func:`former_lightning_store`).
 
 The integration reaches the runtime only through what it is handed: the runtime itself (a
 ``Protocol`` in each integration says which methods it calls), what ``ravex.yaml`` asks of it,
@@ -48,17 +50,17 @@ def _install_lightning(package: str, runtime: Any, patches: Patches) -> None:
 
     config: RavexConfig = runtime.config
     settings = lightning.ZeroCode(
-        url=lightning_store(config), pointers=pointer_folder(config), every=config.checkpoint_every,
+        url=config.storage.url, pointers=pointer_folder(config), every=config.checkpoint_every,
         keep_last=config.keep_last, resume=config.resume, on_exit=config.checkpoint_on_exit,
-        compression=config.compression, storage_options=config.storage.storage_options())
+        compression=config.compression, storage_options=config.storage.storage_options(),
+        former=former_lightning_store(config))
     lightning.install(runtime, settings, patches.replace, package)
 
 
-def lightning_store(config: RavexConfig) -> str:
-    """The store a zero-code Lightning run writes: ``<storage>-lightning``, beside the configured
-    one. Not the configured store itself: the runtime reads the newest step there as a step of
-    its own when it starts (before any Trainer exists), and Lightning's tree is not one. Nor a
-    folder inside it: a store's prefix holds only what the format puts there."""
+def former_lightning_store(config: RavexConfig) -> str:
+    """``<storage>-lightning``, beside the configured store: where earlier versions of Ravex
+    wrote a zero-code Lightning run's steps. A run that finds no Lightning step in the configured
+    store resumes the newest one there (and says so); its own saves go to the configured store."""
     return config.storage.url.rstrip("/") + "-lightning"
 
 

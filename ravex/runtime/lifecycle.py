@@ -234,6 +234,26 @@ class RavexRuntime(Cadence):
         if not self.enabled:
             return
         logger.info("ravex: %s; Ravex's own checkpoints stand down", why)
+        self._stand_down()
+
+    def ensure_restored(self, partial: bool = False) -> None:
+        """:meth:`.resume.Resume.ensure_restored`. Where the step found is a Lightning Trainer's
+        and no Trainer took the run over by the time it would be restored (the first forward pass
+        or optimizer step, or a checkpoint), this runtime stands down, saying so once: it never
+        restores Lightning's tree as its own, and its own steps, counted from 0, would land below
+        Lightning's in the timeline, whose steps only increase (spec §14, A1)."""
+        super().ensure_restored(partial)
+        if self.lightning_step is not None and self.enabled:
+            assert self.backend is not None  # the step was found through it
+            self._say_for_job(
+                logging.WARNING, "ravex: step %d, the newest of %s, is a Lightning Trainer's checkpoint and no "
+                "Trainer took this run over: Ravex restores only steps of its own, so it restores and writes "
+                "nothing for this run; `resume: <step>` resumes one of its own on a new timeline, another "
+                "`storage` checkpoints this script on its own", self.lightning_step, self.backend.url)
+            self._stand_down()
+
+    def _stand_down(self) -> None:
+        """Restore nothing, checkpoint nothing, leave the signals as they were; the patches stay."""
         self.enabled = False
         self._candidates = []
         self.drop_triggers()

@@ -89,6 +89,9 @@ class Resume:
         self._handed_over = False  # several ranks: this rank read the step with rank 0's manifests
         self._loaders_elsewhere = False  # the script resumed its loop itself: loaders go where it asks
         self._saved_world_size = 1  # how many ranks wrote the step resumed from
+        #: the step this run found is a Lightning Trainer's checkpoint: never restored here, it is
+        #: a Trainer's to resume (:meth:`_lightning_first`)
+        self.lightning_step: int | None = None
 
     def _plan_resume(self) -> None:
         resume = self.config.resume
@@ -104,15 +107,41 @@ class Resume:
             self._candidates = sorted(self.backend.complete_steps(), reverse=True)
         else:  # an older step of a timeline forks a new one for this run's steps (spec §19)
             self._candidates = [self.backend.resume_point(resume)]
-        if self._candidates and self._another_script():
+        lightning = bool(self._candidates) and self._lightning_first()
+        if not lightning and self._candidates and self._another_script():
             self._candidates = []
             return
-        if self._candidates or self.world_size > 1:  # every rank joins the resume agreement
+        if self._candidates or self.world_size > 1 or lightning:  # every rank joins the resume agreement
             self._restored = False
-            if self._plan_reentry():
+            if not lightning and self._plan_reentry():
                 self._triggers = patches.install_restore_triggers(self, forward=False)
             else:
                 self._triggers = patches.install_restore_triggers(self)
+
+    def _lightning_first(self) -> bool:
+        """Whether the step this run would resume is a Lightning Trainer's checkpoint (a Lightning
+        script under ``ravex enable`` wrote it). The runtime tells it from its own by its manifest
+        and never reads it: the Trainer, once created, resumes it through Lightning
+        (``hand_over``). One process decides here, its restore triggers then waiting for the
+        Trainer; several ranks decide together when they read the step (:meth:`_load_resume`),
+        rank 0 reading nothing of it before (a rank that follows rank 0 reads no manifest now)."""
+        step = self._candidates[0]
+        if self._follows() or not self._is_lightning(step):
+            return False
+        if self.world_size == 1:
+            self.lightning_step, self._candidates = step, []
+        return True
+
+    def _is_lightning(self, step: int, agree: bool = False) -> bool:
+        """Whether ``step`` is a Lightning Trainer's checkpoint; one whose manifest this rank
+        cannot read is not (reading the step then fails as for any unreadable step). ``agree``
+        (several ranks, a collective on each): whether any rank finds it Lightning's."""
+        assert self.backend is not None
+        try:
+            mine = self.backend.lightning_step(step)
+        except Exception:
+            mine = False
+        return not collectives.all_ok(not mine) if agree else mine
 
     def _refuse_a_store_with_steps(self, backend: CheckpointBackend) -> None:
         """``resume: never`` is a fresh run, whose steps would collide with the complete steps
@@ -300,7 +329,14 @@ class Resume:
         for i, step in enumerate(candidates):
             started = time.perf_counter()
             if self.world_size > 1:
-                self._hand_over(backend, step)
+                self._hand_over(backend, step)  # the manifests: telling a Lightning step costs no request
+            if self._is_lightning(step, agree=self.world_size > 1):
+                if i == 0:  # the newest: a Trainer's to resume
+                    self.lightning_step, self._candidates = step, []
+                    return None
+                logger.warning("ravex: checkpoint step %d in %s is a Lightning Trainer's, not one Ravex restores: "
+                               "passed over", step, backend.url)
+                continue
             try:
                 peeked, self._peeked = self._peeked, None
                 loaded = peeked[1] if peeked is not None and peeked[0] == step else backend.read_step(

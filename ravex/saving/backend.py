@@ -26,12 +26,17 @@ from typing import Any, ClassVar
 
 from ravex.format.witness import Witness
 
-from .logline import STALL_KEY, ms, stall_ms, stall_text
+from .logline import STALL_KEY, checkpoint_line, stall_ms, stall_text
 from .plan import Outcomes, SavePlan, SavingSettings
 from .stager import Stager
 from .writer_thread import AsyncSaver, Job
 
 logger = logging.getLogger("ravex")
+
+#: The manifest metadata member that marks a step as a Lightning Trainer's checkpoint (what
+#: :class:`ravex.integrations.lightning.RavexCheckpointIO` writes: Lightning's tree, the file name
+#: Lightning gave it as value). The runtime never restores such a step as a tree of its own.
+LIGHTNING_KEY = "lightning_path"
 
 
 @dataclass
@@ -164,10 +169,7 @@ class CheckpointBackend(ABC):
         self.last_error = None
         total = time.perf_counter() - job.submitted
         self.last_seconds = {**job.stall, **self._phases(result or {}), "background": total}
-        self.last_line = (
-            f"ravex: checkpoint step {job.step}: {stall} | {self._describe(job, result or {})} | "
-            f"in background {ms(total)} ms -> {self.url}"
-        )
+        self.last_line = checkpoint_line(job.step, stall, self._describe(job, result or {}), total, self.url)
         self._log_line(self.last_line)
         if job.outcomes is not None:
             job.outcomes.succeeded(job.step)
@@ -235,6 +237,11 @@ class CheckpointBackend(ABC):
         """``step`` as this rank resumes from it; None if it is gone."""
         tree = self.load_step(step)
         return None if tree is None else LoadedStep(tree)
+
+    def lightning_step(self, step: int) -> bool:
+        """Whether ``step`` is a Lightning Trainer's checkpoint (:data:`LIGHTNING_KEY`), not a
+        tree of the runtime's own. Default: never (Lightning writes through the format only)."""
+        return False
 
     def newest_step_guess(self, rank: int) -> int | None:
         """A rank other than 0, before the ranks can talk: the step it will most likely resume

@@ -1,4 +1,5 @@
-"""The figures of the checkpoint log line: one line per checkpoint, where its time went.
+"""The checkpoint log line: one line per checkpoint, where its time went, the same whichever
+path wrote it (the runtime's backends, Lightning's ``RavexCheckpointIO``): :func:`checkpoint_line`.
 
 With several ranks the job prints one line per checkpoint, not one per rank (64 ranks would
 print 64 lines that differ only in their figures): rank 0, once it sees the step complete,
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ravex.format import CommitStats
 
 #: the manifest metadata member holding the rank's stall (wait + stage) in milliseconds
 STALL_KEY = "stall_ms"
@@ -33,6 +36,29 @@ def ms(seconds: float | None) -> str:
 def stall_text(wait: float, stage: float, staged: str) -> str:
     """What the training loop paid: the wait for the previous write and the copy."""
     return f"stall {ms(wait + stage)} ms (wait {ms(wait)}, stage {ms(stage)}; {staged})"
+
+
+def copied_text(copied: int, tensors: int, copied_bytes: float, nbytes: float, full: bool = False) -> str:
+    """What the stage copied of the state: tensors and bytes (``full``: a full stage, nothing skipped)."""
+    return f"copied {copied}/{tensors} tensors, {mib(copied_bytes)} of {mib(nbytes)}{', full' if full else ''}"
+
+
+def commit_text(stats: CommitStats, gc: float | None = None) -> str:
+    """The write half of a checkpoint's line: the commit's phases (and retention's ``gc``), then
+    what it stored anew and what it reused of the step before."""
+    sec = dict(stats.seconds or {})
+    phases = " ".join(f"{k} {ms(sec[k])}" for k in ("hash", "encode", "write", "manifest") if k in sec)
+    collected = f" gc {ms(gc)}" if gc is not None else ""
+    return (
+        f"{phases}{collected} ms | {mib(stats.new_bytes)} new ({stats.new_chunks} chunks), "
+        f"{mib(stats.reused_bytes)} reused ({stats.reused_chunks} chunks) of {mib(stats.logical_bytes)}"
+    )
+
+
+def checkpoint_line(step: int, stall: str, written: str, background: float, url: str) -> str:
+    """One written checkpoint's line, whichever path wrote it: what the training loop paid
+    (:func:`stall_text`), what the write did, and how long the handoff took to be durable."""
+    return f"ravex: checkpoint step {step}: {stall} | {written} | in background {ms(background)} ms -> {url}"
 
 
 def stall_ms(wait: float, stage: float) -> str:

@@ -66,7 +66,7 @@ from ravex.format.writer import DEFAULT_CHUNK_BYTES, hashed_chunk_len
 
 from .copier import Copier, byte_view
 from .dtypes import numpy_view
-from .logline import mib
+from .logline import copied_text
 from .plan import RowShard, SavingSettings
 
 logger = logging.getLogger("ravex")
@@ -315,9 +315,7 @@ class Stager:
 
     def summary(self) -> str:
         """The last stage's copy figures, for the checkpoint log line."""
-        full = ", full" if self.full else ""
-        return (f"copied {self.copied_tensors}/{self.tensors} tensors, "
-                f"{mib(self.copied_bytes)} of {mib(self.nbytes)}{full}")
+        return copied_text(self.copied_tensors, self.tensors, self.copied_bytes, self.nbytes, self.full)
 
     def _walk(self, value: Any, path: Path) -> Any:
         kind = type(value)

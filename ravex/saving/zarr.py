@@ -37,9 +37,9 @@ from ravex.format.summary import read_manifest_header
 from ravex.format.timelines import split_ref
 from ravex.format.witness import Witness, read_witness, write_witness
 
-from .backend import CheckpointBackend, LoadedStep
+from .backend import LIGHTNING_KEY, CheckpointBackend, LoadedStep
 from .load import read_refs
-from .logline import failed_line, job_line, mib, ms
+from .logline import commit_text, failed_line, job_line
 from .plan import SavingSettings
 from .ranks import place
 from .witness_writer import WitnessWriter
@@ -317,14 +317,7 @@ class ZarrBackend(CheckpointBackend):
         return out
 
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
-        s = result["stats"]
-        sec = dict(s.seconds or {})
-        phases = " ".join(f"{k} {ms(sec[k])}" for k in ("hash", "encode", "write", "manifest") if k in sec)
-        gc = f" gc {ms(result['gc'])}" if "gc" in result else ""
-        return (
-            f"{phases}{gc} ms | {mib(s.new_bytes)} new ({s.new_chunks} chunks), "
-            f"{mib(s.reused_bytes)} reused ({s.reused_chunks} chunks) of {mib(s.logical_bytes)}"
-        )
+        return commit_text(result["stats"], result.get("gc"))
 
     # ── the resume witness (spec §22) ───────────────────────────────────
 
@@ -379,6 +372,12 @@ class ZarrBackend(CheckpointBackend):
     def complete_steps(self) -> list[int]:
         """The steps of this backend's timeline's history (spec §19), oldest first."""
         return [step for _, step in self.timeline.lineage_steps()]
+
+    def lightning_step(self, step: int) -> bool:
+        """From the metadata of the step's manifest of rank 0: none requested once the step was
+        listed (its manifests are cached) or handed over by rank 0."""
+        owner, number = self._owner_of(step)
+        return LIGHTNING_KEY in owner.manifest(number, 0).metadata
 
     def resume_point(self, resume: int | str) -> int:
         """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;

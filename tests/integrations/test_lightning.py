@@ -5,13 +5,18 @@ same script run once without any checkpointing; every save after the first reuse
 the frozen layer; the checkpoint files are Ravex pointers that load without pickle. And the same
 script with no Ravex in it and Lightning's defaults, under ``ravex enable``, imported as
 ``lightning`` or as ``pytorch_lightning``: the same, its steps numbered by global step with their
-training loss; with DDP on two processes killed in a later epoch: the same batches as the
-uninterrupted run; and a finished run rerun: nothing trained, the same files written after fit."""
+training loss, in the configured store beside the runtime's own steps (which never restores one),
+each save printing the checkpoint line every path prints; with DDP on two processes killed in a
+later epoch: the same batches as the uninterrupted run; a finished run rerun: nothing trained, the
+same files written after fit; and a run killed while an earlier Ravex wrote ``<storage>-lightning``
+resumed from there."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +32,7 @@ from runtime.conftest import make_venv
 from ravex.format import open_store
 
 TRAINEE = Path(__file__).with_name("lightning_trainee.py")
+RUNTIME_TRAINEE = Path(__file__).parents[1] / "runtime" / "trainee.py"
 STEPS, EVERY, EPOCHS = 48, 4, 3
 ENV = {"OMP_NUM_THREADS": "1"}  # a tiny model: threads only contend on a small machine
 PACKAGES = ["lightning", "pytorch_lightning"]
@@ -71,6 +77,24 @@ def _cadence(steps: int, per_epoch: int) -> list[int]:
 
 def _starts(result: harness.Result) -> int:
     return int(next(line for line in result.stdout if line.startswith("START ")).split()[1])
+
+
+#: the line every checkpoint prints, whichever path wrote it (ravex.saving.logline.checkpoint_line)
+LINE = re.compile(r"ravex: checkpoint step (\d+): stall [\d.]+ ms \(wait [\d.]+, stage [\d.]+; copied \d+/\d+ "
+                  r"tensors, [\d.]+ MiB of [\d.]+ MiB\) \| .*ms \| [\d.]+ MiB new \(\d+ chunks\), [\d.]+ MiB reused "
+                  r"\(\d+ chunks\) of [\d.]+ MiB \| in background [\d.]+ ms -> (.+)$")
+
+
+def _lines(result: harness.Result) -> list[tuple[int, str]]:
+    """Each checkpoint line the run printed: (step, store)."""
+    found = [LINE.match(line) for line in result.stderr.splitlines() if line.startswith("ravex: checkpoint step")]
+    assert all(found), result.explain()
+    return [(int(m.group(1)), m.group(2)) for m in found if m is not None]
+
+
+def _saves(result: harness.Result) -> int:
+    """How many saves the run's zero-code plugin wrote (its ``STATS`` line)."""
+    return len(json.loads(next(line for line in result.stdout if line.startswith("STATS ")).split()[1]))
 
 
 def test_killed_at_a_random_step_resumes_bitwise(tmp_path, uninterrupted):
@@ -174,6 +198,7 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert rerun.returncode == 0, rerun.explain()
     assert "IO ZeroCodeIO" in rerun.stdout, rerun.explain()
     assert "Ravex's own checkpoints stand down" in rerun.stderr and "NOT restored" not in rerun.stderr
+    assert "resumed from" not in rerun.stderr and "Lightning Trainer's checkpoint" not in rerun.stderr, rerun.stderr
     start = _starts(rerun)
     assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
     steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
@@ -182,16 +207,22 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert final["global_step"] == STEPS
     harness.assert_same_state(final["model"], uninterrupted_plain_loader["model"], "model")
 
-    # The steps are Lightning's checkpoints in a store beside the configured one, keep_last honoured.
-    store = open_store(tmp_path / "ckpt-lightning")
+    # The steps are Lightning's checkpoints in the configured store, keep_last honoured.
+    assert not (tmp_path / "ckpt-lightning").exists()
+    store = open_store(tmp_path / "ckpt")
     newest = store.read(store.latest_step())
     assert newest["global_step"] == STEPS and "loops" in newest
     pointers = sorted((tmp_path / ".ravex").glob("lightning-*/step=*.ckpt"))
     assert [p.name for p in pointers] == [f"step={STEPS - EVERY}.ckpt", f"step={STEPS}.ckpt"]
 
+    # Each save printed the checkpoint line of every other path once, naming its step and the store.
+    lines = _lines(rerun)
+    assert [step for step, _ in lines] == [s for s in points if s > start], rerun.explain()
+    assert len(lines) == _saves(rerun) and {url for _, url in lines} == {str(tmp_path / "ckpt")}, rerun.explain()
+
     # Each step is its global step, with the training loss of that step as `ravex ls` shows it.
     losses = {int(p[1]): p[2] for p in (line.split() for line in killed.stdout + rerun.stdout) if p[0] == "LOSS"}
-    listed = subprocess.run([sys.executable, "-m", "ravex", "ls", "--json", str(tmp_path / "ckpt-lightning")],
+    listed = subprocess.run([sys.executable, "-m", "ravex", "ls", "--json", str(tmp_path / "ckpt")],
                             env=env, capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
     rows = [r for r in json.loads(listed.stdout)["steps"] if r["complete"]]  # one the kill cut short: incomplete
@@ -199,6 +230,9 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     for row in rows:
         assert store.read(row["step"])["global_step"] == row["step"]
         assert repr(row["loss"]) == losses[row["step"]], (row, losses[row["step"]])
+    checked = subprocess.run([sys.executable, "-m", "ravex", "validate", str(tmp_path / "ckpt")],
+                             env=env, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files(tmp_path, enabled):
@@ -211,8 +245,9 @@ def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files
     first = harness.run([enabled, str(TRAINEE)], tmp_path, env)
     assert first.returncode == 0, first.explain()
     written = {name: (tmp_path / name).read_bytes() for name in ("final.pt", "after.ckpt")}
-    steps = open_store(tmp_path / "ckpt-lightning").step_numbers()
+    steps = open_store(tmp_path / "ckpt").step_numbers()
     assert steps[-1] == STEPS, steps
+    assert [step for step, _ in _lines(first)] == _cadence(STEPS, STEPS // EPOCHS), first.explain()
 
     rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
     assert rerun.returncode == 0, rerun.explain()
@@ -220,7 +255,7 @@ def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files
     assert f"resuming from step {STEPS}" in rerun.stderr and "NOT restored" not in rerun.stderr, rerun.stderr
     for name, data in written.items():
         assert (tmp_path / name).read_bytes() == data, f"{name} differs from the first run's"
-    assert open_store(tmp_path / "ckpt-lightning").step_numbers() == steps
+    assert open_store(tmp_path / "ckpt").step_numbers() == steps and not _lines(rerun), rerun.explain()
     after = torch.load(tmp_path / "after.ckpt", weights_only=True)
     assert after["global_step"] == STEPS
 
@@ -271,3 +306,84 @@ def test_a_failed_background_write_is_raised_by_flush_and_no_pointer_is_left(tmp
     assert not (tmp_path / "last.ckpt").exists()
     io.flush()  # raised once; the plugin goes on
     io.teardown()
+
+
+def _lightning_steps(url: Path, global_steps: list[int], base: int = 0) -> None:
+    """Steps as the zero-code plugin writes them (Lightning's tree, its metadata), without a Trainer."""
+    from ravex.integrations.lightning import RavexCheckpointIO
+
+    io = RavexCheckpointIO(url, async_writes=False, numbering="global_step", loss=lambda: 0.5)
+    io._base = base
+    for step in global_steps:
+        io.save_checkpoint({"global_step": step, "epoch": 0, "state_dict": {"w": torch.full((4,), float(step))}},
+                           url.parent / ".pointers" / f"step={step}.ckpt")
+    io.teardown()
+
+
+def test_a_script_without_a_trainer_never_restores_a_lightning_step_and_says_so(tmp_path):
+    """The newest step of the store is a Lightning Trainer's: a plain training script there (no
+    Trainer takes it over) restores nothing, writes nothing below or among Lightning's steps, and
+    says so in one line; it trains as the same script without Ravex."""
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 5\n")
+    _lightning_steps(tmp_path / "ckpt", [4, 8])
+    env = {"T_EPOCHS": "1", **ENV}
+    plain = harness.run([sys.executable, str(RUNTIME_TRAINEE)], tmp_path, harness.child_env(T_ENTRY="none", **env))
+    ran = harness.run([sys.executable, str(RUNTIME_TRAINEE)], tmp_path, harness.child_env(T_ENTRY="activate", **env))
+    assert ran.returncode == 0 and plain.returncode == 0, ran.explain()
+    told = [line for line in ran.stderr.splitlines() if "is a Lightning Trainer's checkpoint" in line]
+    assert len(told) == 1 and "step 8, the newest of" in told[0], ran.explain()
+    assert "resumed from" not in ran.stderr and "NOT restored" not in ran.stderr, ran.explain()
+    assert not _lines(ran) and open_store(tmp_path / "ckpt").step_numbers() == [4, 8]
+    assert ran.losses == plain.losses, ran.explain()
+
+
+def test_where_a_zero_code_run_starts_in_a_store_it_shares(tmp_path):
+    """Steps of the runtime's own in the store: a fresh Lightning run numbers its steps above them;
+    one resuming a Lightning step below a newer step of the runtime's forks a new timeline from it;
+    ``resume:`` naming a step of the runtime's own is one clear error."""
+    from ravex.errors import RestoreError
+    from ravex.integrations.lightning import ZeroCode, _start
+
+    url = tmp_path / "ckpt"
+    settings = ZeroCode(url=str(url), pointers=str(tmp_path / ".pointers"), every=4, keep_last=None)
+    writer = open_store(url, create=True).writer()
+    writer.commit(100, {"ravex": {"step": 100}, "w": torch.ones(2).numpy()})
+    start = _start(settings)
+    assert (start.step, start.fork, start.base) == (None, False, 100)
+
+    _lightning_steps(url, [4, 8], base=100)
+    assert open_store(url).step_numbers() == [100, 104, 108]
+    start = _start(settings)
+    assert (start.step, start.fork, start.base) == (108, False, 100)
+
+    writer.commit(200, {"ravex": {"step": 200}, "w": torch.zeros(2).numpy()})
+    writer.close()
+    start = _start(settings)
+    assert (start.step, start.fork, start.base) == (108, True, 100)
+    with pytest.raises(RestoreError, match="resume: 200 names a step of Ravex's own"):
+        _start(dataclasses.replace(settings, resume=200))
+
+
+def test_a_run_an_earlier_ravex_wrote_beside_the_store_resumes_from_there(tmp_path, uninterrupted_plain_loader,
+                                                                         enabled):
+    """Earlier versions kept a zero-code run's steps in ``<storage>-lightning``: killed there, the
+    rerun with nothing in the configured store resumes from that store (saying so once), writes its
+    own steps into the configured store, and ends bitwise equal to the uninterrupted run."""
+    points = _cadence(STEPS, STEPS // EPOCHS)
+    first = harness.kill_points().choice(points[:-3])
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", **ENV)
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt-lightning\ncheckpoint_every: {EVERY}\n")
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first, points))
+    assert killed.returncode == -9, f"checkpoint {first}: " + killed.explain()
+
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0, rerun.explain()
+    start = _starts(rerun)
+    told = [line for line in rerun.stderr.splitlines() if "where an earlier Ravex kept Lightning's steps" in line]
+    assert len(told) == 1 and f"resuming from step {start} of ./ckpt-lightning" in told[0], rerun.stderr
+    assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
+    steps = open_store(tmp_path / "ckpt").step_numbers()  # this run's, keep_last (default 3) kept
+    assert steps and steps[-1] == STEPS and set(steps) <= {s for s in points if s > start}, steps
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    harness.assert_same_state(final["model"], uninterrupted_plain_loader["model"], "model")
