@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +35,8 @@ _copy = np.copyto  # (a name of this module, so that a test can make a piece fai
 
 #: Largest piece of one tensor's bytes a thread takes at a time.
 PIECE_BYTES = 8 << 20
+#: The page size: what one store faults in
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))  # a CPU-limited container: the cores it may use
@@ -93,11 +97,22 @@ class Copier:
         caller's first, else a helper's) the helpers stop after the piece in hand, and none
         is still writing when the error reaches the caller."""
         pieces, self._pieces, total, self._bytes = self._pieces, [], self._bytes, 0
+        self._share(pieces, total, _copy_piece)
+
+    def fault_in(self, buffers: list[np.ndarray]) -> None:
+        """Fault in every page of these new buffers (flat uint8 arrays), shared among the threads
+        as the copies are: the first copy into fresh memory pays for its pages anyway, and
+        paying for them apart lets the checkpoint's line say what they cost."""
+        pieces = [b[at:at + PIECE_BYTES] for b in buffers for at in range(0, b.nbytes, PIECE_BYTES)]
+        self._share(pieces, sum(b.nbytes for b in buffers), touch)
+
+    def _share(self, pieces: list[Any], total: int, work: Callable[[Any], None]) -> None:
+        """Run ``work`` on every piece, on the caller's thread and the helpers', one piece at a time."""
         if not pieces:
             return
         if self._helpers == 0 or total < PARALLEL_MIN_BYTES:
             for piece in pieces:
-                _copy_piece(piece)
+                work(piece)
             return
         order = iter(range(len(pieces)))
         lock = threading.Lock()
@@ -109,7 +124,7 @@ class Copier:
                     i = None if halted[0] else next(order, None)
                 if i is None:
                     return
-                _copy_piece(pieces[i])
+                work(pieces[i])
 
         if self._pool is None or self._pid != os.getpid():  # a forked child has none of our threads
             self._pool, self._pid = ThreadPoolExecutor(self._helpers, thread_name_prefix="ravex-stage"), os.getpid()
@@ -142,6 +157,11 @@ class Copier:
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=True)
         self._pool = None  # (after fork() the parent's pool is not ours to shut down)
+
+
+def touch(piece: np.ndarray) -> None:
+    """Fault in every page of a new buffer's bytes: one byte stored per page (the kernel zeroes the rest)."""
+    piece[::PAGE_BYTES] = 0
 
 
 def _copy_piece(piece: _Piece) -> None:

@@ -43,6 +43,13 @@ def copied_text(copied: int, tensors: int, copied_bytes: float, nbytes: float, f
     return f"copied {copied}/{tensors} tensors, {mib(copied_bytes)} of {mib(nbytes)}{', full' if full else ''}"
 
 
+def fault_text(fresh_bytes: float, seconds: float, prepared_bytes: float) -> str:
+    """A first checkpoint's new staging memory: what faulting its pages in added to the stall
+    (later checkpoints reuse it), and what the idle prepare thread had made ready before."""
+    before = f", {mib(prepared_bytes)} prepared before" if prepared_bytes else ""
+    return f"{mib(fresh_bytes)} of new staging memory faulted in: {ms(seconds)} ms, once{before}"
+
+
 def commit_text(stats: CommitStats, gc: float | None = None) -> str:
     """The write half of a checkpoint's line: the commit's phases (and retention's ``gc``), then
     what it stored anew and what it reused of the step before."""

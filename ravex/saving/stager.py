@@ -64,9 +64,9 @@ from ravex.format.storage.direct import ALIGN
 from ravex.format.values import PLAIN_TYPES, all_plain
 from ravex.format.writer import DEFAULT_CHUNK_BYTES, hashed_chunk_len
 
-from .copier import Copier, byte_view
+from .copier import Copier, byte_view, touch
 from .dtypes import numpy_view
-from .logline import copied_text
+from .logline import copied_text, fault_text
 from .plan import RowShard, SavingSettings
 
 logger = logging.getLogger("ravex")
@@ -198,6 +198,12 @@ class Stager:
         self.tensors = 0
         self.copied_tensors = 0
         self.full = True
+        #: the stage's new buffers whose copy is queued, as bytes by address: faulted in before the copy
+        self._fresh: dict[int, np.ndarray] = {}
+        #: the last stage's new staging memory (the first stage's, where prepare did not make it
+        #: ready) and the seconds the loop waited for its pages
+        self.fresh_bytes = 0
+        self.fault_s = 0.0
 
     @classmethod
     def for_config(cls, as_numpy: bool, config: SavingSettings | None = None) -> Stager:
@@ -256,7 +262,7 @@ class Stager:
                 for at in range(0, n, TOUCH_PIECE_BYTES):
                     if stop.is_set():  # the first stage is due: a partly touched buffer is still good
                         break
-                    _touch(buf[at:at + TOUCH_PIECE_BYTES])
+                    touch(buf[at:at + TOUCH_PIECE_BYTES].numpy())
                     done += min(TOUCH_PIECE_BYTES, n - at)
                 with self._ready_lock:
                     self._ready.setdefault(n, []).append(buf)
@@ -298,6 +304,7 @@ class Stager:
         try:
             out = self._walk(tree, ())
             self._check_probes()  # (reads only skipped tensors' buffers, which no copy writes)
+            self._fault_in_fresh()
             self._copier.run()
             if self._cuda:
                 torch.cuda.synchronize()
@@ -307,15 +314,29 @@ class Stager:
             self._digests.clear()
             raise
         finally:
-            self._probes = []
+            self._probes, self._fresh = [], {}
             self._ready.clear()  # prepared buffers the state had no use for are freed
         self.known = {key: value for path in self._staged_paths for key, value in self._digests.get(path, {}).items()}
         self._stages += 1
         return out
 
     def summary(self) -> str:
-        """The last stage's copy figures, for the checkpoint log line."""
-        return copied_text(self.copied_tensors, self.tensors, self.copied_bytes, self.nbytes, self.full)
+        """The last stage's copy figures, for the checkpoint log line: with new staging memory
+        (the first checkpoint), what faulting it in cost the stall."""
+        copied = copied_text(self.copied_tensors, self.tensors, self.copied_bytes, self.nbytes, self.full)
+        if self.fresh_bytes < PREPARE_MIN_BYTES:  # (what malloc serves from resident memory costs nothing to say)
+            return copied
+        return f"{copied}; {fault_text(self.fresh_bytes, self.fault_s, (self.prepared or {}).get('bytes', 0.0))}"
+
+    def _fault_in_fresh(self) -> None:
+        """Fault in the stage's new buffers before the copy, timed: the pages cost the same in the
+        copy, but there the checkpoint's line could not tell them from the copy itself."""
+        fresh, self._fresh = list(self._fresh.values()), {}
+        self.fresh_bytes, self.fault_s = sum(b.nbytes for b in fresh), 0.0
+        if fresh:
+            t0 = time.perf_counter()
+            self._copier.fault_in(fresh)
+            self.fault_s = time.perf_counter() - t0
 
     def _walk(self, value: Any, path: Path) -> Any:
         kind = type(value)
@@ -400,7 +421,11 @@ class Stager:
         ready = self._ready.get(size)
         if ready and not src.is_cuda and _fits_block(src):
             return ready.pop().view(src.dtype).view(src.shape)
-        return _staging_buffer(src)
+        buf = _staging_buffer(src)
+        fresh = None if src.is_cuda else byte_view(buf)  # (a CUDA tensor's pinned buffer is resident already)
+        if fresh is not None:
+            self._fresh[buf.data_ptr()] = fresh
+        return buf
 
     def _copy(self, src: torch.Tensor, buf: torch.Tensor, size: int, path: Path, chunk_rows: int | None) -> None:
         """Copy now (CUDA: queued on the stream) or queue it for the shared CPU copy, which
@@ -413,6 +438,7 @@ class Stager:
             src_bytes = byte_view(src) if size else None
             dst_bytes = byte_view(buf) if src_bytes is not None else None
             if src_bytes is None or dst_bytes is None:
+                self._fresh.pop(buf.data_ptr(), None)  # its pages are faulted in by this copy, now
                 _copy_cpu(buf, src)
             else:
                 hashing = self.as_numpy and HASH_WHILE_COPYING
@@ -550,12 +576,6 @@ def _aligned_block(nbytes: int) -> torch.Tensor:
     block = np.empty(nbytes + ALIGN, dtype=np.uint8)
     skip = -block.ctypes.data % ALIGN  # page-aligned: the writer can hand it to the disk as it is
     return torch.from_numpy(block[skip:skip + nbytes])
-
-
-def _touch(buf: torch.Tensor) -> None:
-    """Fault in every page of ``buf`` now: one byte stored per page (the kernel zeroes the rest)."""
-    numpy_bytes = buf.numpy()
-    numpy_bytes[::ALIGN] = 0
 
 
 #: buffers that torch's kernels write without bumping ``_version``: never skipped

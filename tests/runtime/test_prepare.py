@@ -77,16 +77,16 @@ def test_a_prepare_still_running_is_stopped_by_the_first_stage(monkeypatch):
     """The first stage does not wait for the whole prepare: it stops it after the piece in
     hand, takes what is ready (a partly touched buffer too) and allocates the rest."""
     touched = threading.Event()
-    real = _stager._touch
+    real = _stager.touch
     tree = _state()
     s = Stager(as_numpy=True)
 
-    def slow_touch(buf: torch.Tensor) -> None:
-        real(buf)
+    def slow_touch(piece: np.ndarray) -> None:
+        real(piece)
         touched.set()
         s._stop_preparing.wait(30)  # the piece in hand ends only once the stage asked
 
-    monkeypatch.setattr(_stager, "_touch", slow_touch)
+    monkeypatch.setattr(_stager, "touch", slow_touch)
     s.prepare(_sizes(tree))
     assert touched.wait(30)
     out = s.stage(tree)
@@ -183,3 +183,27 @@ def test_a_capped_checkpoint_waits_for_the_writer_and_loads_back_equal(tmp_path)
     got = [torch.as_tensor(np.asarray(v)) for s in loaded["optimizers"][0]["state"].values()
            for v in s.values() if np.ndim(v)]
     assert len(got) == len(moments) and all(torch.equal(a, b) for a, b in zip(got, moments, strict=True))
+
+
+def test_the_first_stage_says_what_its_new_staging_memory_cost():
+    """The first stage faults its new buffers in before copying and its line says so, once; a
+    buffer copied at once (a strided tensor) is not touched after its copy (that would zero a
+    byte per page of it); a prepared buffer is not new."""
+    tree = {"w": torch.randn(1 << 20), "strided": torch.randn(512, 1024).T}
+    s = Stager(as_numpy=True)
+    out = s.stage(tree)
+    assert s.fresh_bytes == 4 << 20 and s.fault_s > 0
+    assert "; 4.0 MiB of new staging memory faulted in: " in s.summary()
+    for k, t in tree.items():
+        assert torch.equal(torch.from_numpy(out[k]), t), k
+    tree["w"].add_(1)
+    s.stage(tree)
+    assert s.fresh_bytes == 0 and "faulted" not in s.summary()
+    s.release()
+
+    prepared = Stager(as_numpy=True)
+    prepared.prepare(_sizes({"w": tree["w"]}))
+    prepared._preparing.join()
+    prepared.stage(tree)
+    assert prepared.fresh_bytes == 0 and "faulted" not in prepared.summary()
+    prepared.release()
