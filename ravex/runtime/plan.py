@@ -19,8 +19,8 @@ backend stages them). Tree layout (lists are indexed by creation order)::
 
 A model is stored as the plain module it is or wraps (:mod:`.names`): a ``GPT`` under
 ``torch.compile`` or DDP is stored as ``GPT``, its tensors as ``transformer.wte.weight``, not
-``_orig_mod.``- or ``module.``-prefixed (as DCP's ``get_model_state_dict`` names them). So
-a plain module loads a
+``_orig_mod.``- or ``module.``-prefixed (as DCP's ``get_model_state_dict`` names them), and
+in the place of the plain module's creation among the models. So a plain module loads a
 compiled run's state with ``strict=True``, and a compiled and an uncompiled run's steps
 diff name by name. Trees written before hold the wrappers' names; a resume still matches
 them (:func:`ravex.runtime.restore.with_plain_names`).

@@ -140,6 +140,21 @@ def test_a_store_written_with_orig_mod_prefixes_still_resumes(tmp_path, monkeypa
     _assert_same(_rerun(store, compiled=rerun), want)
 
 
+def test_a_model_compiled_after_another_was_created_keeps_its_place(tmp_path):
+    """Models are matched by creation order: the wrapper's creation does not move a model."""
+    store = str(tmp_path / "ck")
+    ravex.activate(storage=store, checkpoint_every=10**6, checkpoint_on_exit=False)
+    torch.manual_seed(0)
+    first, second = Net(), nn.Linear(2, 2)
+    compiled = torch.compile(first, backend="eager")
+    runtime = ravex.activate()
+    assert runtime.registry.models() == [compiled, second]
+    ravex.checkpoint()
+    ravex.flush()
+    ravex.deactivate()
+    assert [m["type"] for m in open_store(store).open_step(0).read(subtree="models")] == ["Net", "Linear"]
+
+
 def test_a_submodule_called_module_keeps_its_name_and_a_compiled_submodule_loses_orig_mod():
     class Holder(nn.Module):
         def __init__(self) -> None:
