@@ -11,6 +11,8 @@ compiled run loads into the plain module with ``strict=True``.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 from torch import nn
@@ -18,6 +20,8 @@ from torch import nn
 import ravex
 from ravex.format import open_store
 from ravex.runtime import names, plan
+
+from . import harness
 
 pytestmark = pytest.mark.usefixtures("ravex_clean")
 
@@ -235,3 +239,21 @@ def test_ddp_stores_the_plain_names_and_an_old_store_with_module_prefixes_resume
     assert "optimizers/0/state/module.head.weight/exp_avg" in step.arrays
     _assert_same(_rerun(store, compiled=False), want)
 
+
+@pytest.mark.parametrize("rerun", ["eager", ""], ids=["rerun-compiled", "rerun-plain"])
+def test_a_sigkilled_compiled_run_resumes_bitwise(tmp_path, reference, rerun):
+    """The trainee compiled (``T_COMPILE``), SIGKILLed at step 13, rerun compiled or not: it
+    ends as the uninterrupted uncompiled run does (``eager`` computes what the plain module does)."""
+    ref, ref_state = reference(0)
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 5\n")
+    argv = [harness.PYTHON, str(harness.TRAINEE)]
+    first = harness.run(argv, tmp_path, harness.child_env(T_ENTRY="activate", T_COMPILE="eager",
+                                                          T_BLOCK_AT="step:13"), kill_on="BLOCKED")
+    assert first.returncode == -signal.SIGKILL, first.explain()
+    assert first.losses == ref.losses[: len(first.losses)]
+    assert not [p for p in open_store(tmp_path / "ckpt").open_step(10).arrays if "_orig_mod" in p]
+    out = tmp_path / "final.pt"
+    second = harness.run(argv, tmp_path, harness.child_env(T_ENTRY="activate", T_COMPILE=rerun, T_OUT=str(out)))
+    assert second.returncode == 0 and second.resumed_from == 10, second.explain()
+    assert second.losses == ref.losses[10:]
+    harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
