@@ -185,9 +185,12 @@ def load(store: Any, step: int | str = "latest", subtree: Any = None, device: An
 
     ``store`` is a path or fsspec URL; ``step`` a number or ``"latest"`` of the current
     timeline (the one a plain rerun continues), or ``"exp@60"``; ``subtree`` a key
-    or keys (``"model"``) to read only that part; ``device`` where the tensors go::
+    or keys (``("models", 0, "state")``) to read only that part; ``device`` where the tensors go::
 
-        model.load_state_dict(ravex.load("./ckpt")["model"])
+        model.load_state_dict(ravex.load("./ckpt")["models"][0]["state"])
+
+    A model is stored under the plain module's names, so this loads a run that trained it
+    under ``torch.compile`` or DDP (``ravex.runtime.names``).
 
     Nothing is unpickled. Without torch, ``ravex.format.open_store(path).read(step)``
     gives the same tree with numpy arrays.

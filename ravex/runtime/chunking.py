@@ -23,6 +23,7 @@ import torch
 
 from ravex.format.names import array_name
 
+from .names import renamer
 from .plan import param_keys, param_names
 from .registry import Registry
 
@@ -46,12 +47,13 @@ def sparse_paths(registry: Registry) -> list[tuple[tuple[Any, ...], tuple[int, .
         return out
     params: dict[int, tuple[int, ...]] = {}
     for i, model in enumerate(registry.models()):
+        rename = renamer(model)
         for prefix, module in model.named_modules():
             if not _sparse_table(module):
                 continue
             for pname, p in module.named_parameters(recurse=False):
-                key = f"{prefix}.{pname}" if prefix else pname
-                out.append((("models", i, "state", key), tuple(p.shape)))
+                plain = rename(f"{prefix}.{pname}" if prefix else pname)
+                out.append((("models", i, "state", plain), tuple(p.shape)))
                 params[id(p)] = tuple(p.shape)
     if not params:
         return out

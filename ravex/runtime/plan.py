@@ -17,13 +17,22 @@ backend stages them). Tree layout (lists are indexed by creation order)::
                 script's loop position and the variables its loops carry (optional)
     rng         {"python", "numpy", "torch", "cuda": [...]}
 
+A model is stored as the plain module it is or wraps (:mod:`.names`): a ``GPT`` under
+``torch.compile`` or DDP is stored as ``GPT``, its tensors as ``transformer.wte.weight``, not
+``_orig_mod.``- or ``module.``-prefixed (as DCP's ``get_model_state_dict`` names them), and
+in the place of the plain module's creation among the models. So a plain module loads a
+compiled run's state with ``strict=True``, and a compiled and an uncompiled run's steps
+diff name by name. Trees written before hold the wrappers' names; a resume still matches
+them (:func:`ravex.runtime.restore.with_plain_names`).
+
 An optimizer's ``state_dict()`` is stored with each parameter under its name in the model
 that holds it (``fc1.weight``, as DCP's ``get_optimizer_state_dict`` names it), so a tool
 shows names a user knows and a resume finds each parameter's state even when the rerun
 builds its param groups in another order; a parameter no model names (or two of one
 optimizer sharing a name) keeps its index. ``name`` is the main script's module global
-bound to the object, where there is one. Format 1 trees hold ``optimizer.state_dict()``
-as it is under ``state`` (indexes only); restore still reads them.
+bound to the object (for a model, to it or a module it wraps), where there is one. Format 1
+trees hold ``optimizer.state_dict()`` as it is under ``state`` (indexes only); restore
+still reads them.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import torch
 
 from . import sampler_epoch, workers
 from .lookahead import consumed_worker_rng, held
+from .names import layers, plain_state, renamer, type_name
 from .registry import LoaderState, Registry
 from .rng import capture_generators, capture_rng
 
@@ -76,7 +86,7 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
     named = script_names()
     models = registry.models()
     tree["models"] = [
-        {"type": type(m).__name__, **_name_of(m, named), "state": dict(m.state_dict())} for m in models
+        {"type": type_name(m), **_name_of(m, named), "state": plain_state(m)} for m in models
     ]
     names = param_names(models)
     tree["optimizers"] = [
@@ -134,16 +144,22 @@ def script_names() -> dict[int, str]:
 
 
 def _name_of(obj: Any, named: dict[int, str]) -> dict[str, str]:
-    name = named.get(id(obj))
-    return {"name": name} if name is not None else {}
+    """The script's name for ``obj`` or, for a model, for the first module it wraps that has one."""
+    for candidate in layers(obj) if isinstance(obj, torch.nn.Module) else [obj]:
+        name = named.get(id(candidate))
+        if name is not None:
+            return {"name": name}
+    return {}
 
 
 def param_names(models: list[torch.nn.Module]) -> dict[int, str]:
-    """``id(parameter)`` -> its name in the first of ``models`` that holds it."""
+    """``id(parameter)`` -> its plain name (:mod:`.names`) in the first of ``models`` that holds it."""
     names: dict[int, str] = {}
     for model in models:
+        rename = renamer(model)
         for name, param in model.named_parameters():
-            names.setdefault(id(param), name)
+            if id(param) not in names:
+                names[id(param)] = rename(name)
     return names
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .names import layers
+
 KINDS = ("models", "optimizers", "schedulers", "scalers", "loaders")
 #: Attributes Ravex keeps on the objects themselves (held weakly here, they carry their own).
 _LOADER_STATE = "_ravex_state"
@@ -100,7 +102,9 @@ class Registry:
         return _ordered(self._objects[kind])
 
     def models(self) -> list[Any]:
-        """Root modules with state, in creation order."""
+        """Root modules with state, in the creation order of the plain modules they are or
+        wrap (:mod:`.names`): a model compiled or wrapped in DDP after another was created is
+        still where it was among them, as in a run that does not wrap it."""
         modules = _ordered(self._modules)
         inner: set[int] = set()
         for module in modules:
@@ -109,7 +113,16 @@ class Registry:
             for child in module.modules():
                 if child is not module:
                     inner.add(id(child))
-        return [m for m in modules if id(m) not in inner and _has_state(m)]
+        roots = [m for m in modules if id(m) not in inner and _has_state(m)]
+        return sorted(roots, key=self._created)
+
+    def _created(self, root: Any) -> int:
+        """When the plain module ``root`` is or wraps was created, else ``root`` itself."""
+        for module in reversed(layers(root)):
+            entry = self._modules.get(id(module))
+            if entry is not None and entry[1]() is module:
+                return entry[0]
+        return self._modules[id(root)][0]
 
     def counts(self) -> dict[str, int]:
         return {kind: len(self.live(kind)) for kind in KINDS}

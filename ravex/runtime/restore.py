@@ -26,6 +26,7 @@ from ravex.saving.dtypes import as_tensor, raw_view, torch_dtype
 from ravex.saving.load import read_refs
 from ravex.saving.tree import tree_map
 
+from .names import WRAPPERS, load_plain, plain_state, stored_name, type_name
 from .plan import TREE_FORMAT, loader_identity, optimizer_shapes, param_keys, param_names
 from .registry import Registry
 from .rng import restore_rng
@@ -96,17 +97,17 @@ def restore(registry: Registry, tree: dict[str, Any], where: str, partial: bool 
 
     plan = _InPlace()
     for model, saved in zip(models, tree["models"], strict=True):
-        live = model.state_dict(keep_vars=True)
+        own = plain_state(model, keep_vars=True)
         for key, value in saved["state"].items():
             if isinstance(value, ArrayRef):
-                target = live[key]
+                target = own[key]
                 plan.add(value, target, target.device)
     for opt, state in zip(optimizers, states, strict=True):
         _plan_optimizer(plan, opt, state)
     read = plan.read(where)  # the only step that changes live memory before load_state_dict
     with torch.no_grad():  # a tensor already in place makes its copy_ a no-op
         for model, saved in zip(models, tree["models"], strict=True):
-            model.load_state_dict(tensors_in(saved["state"], read), strict=True)
+            load_plain(model, tensors_in(saved["state"], read))
     for opt, saved, state in zip(optimizers, tree["optimizers"], states, strict=True):
         opt.load_state_dict(tensors_in(state, read))
         registry.set_optimizer_steps(opt, int(saved["steps"]))
@@ -154,27 +155,35 @@ def _check_type(where: str, what: str, obj: Any, saved: dict[str, Any]) -> None:
 
 
 def _check_model(where: str, index: int, model: torch.nn.Module, saved: dict[str, Any]) -> None:
-    _check_type(where, f"model #{index}", model, saved)
-    live = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """Same type (the plain module's: a store written before names were plain records a
+    wrapper's, which says nothing of it) and the same tensors by plain name, shape and dtype."""
+    mine = type_name(model)
+    if saved["type"] not in WRAPPERS and mine != saved["type"]:
+        raise RestoreError(
+            f"{where}: model #{index} is a {mine} in this run but a {saved['type']} in the "
+            "checkpoint." + _FIX
+        )
+    own = plain_state(model, keep_vars=True)
+    live = {k: tuple(v.shape) for k, v in own.items()}
     stored = {k: tuple(_shape(v)) for k, v in saved["state"].items()}
     missing = sorted(set(stored) - set(live))
     extra = sorted(set(live) - set(stored))
     if missing or extra:
         raise RestoreError(
-            f"{where}: model #{index} ({type(model).__name__}) does not match the checkpoint: "
+            f"{where}: model #{index} ({mine}) does not match the checkpoint: "
             f"not in this model {missing[:5]}, not in the checkpoint {extra[:5]}." + _FIX
         )
     for key, shape in live.items():
         if stored[key] != shape:
             raise RestoreError(
-                f"{where}: model #{index} ({type(model).__name__}) tensor {key!r} has shape "
+                f"{where}: model #{index} ({mine}) tensor {key!r} has shape "
                 f"{list(shape)} but {list(stored[key])} in the checkpoint." + _FIX
             )
-    for key, tensor in model.state_dict(keep_vars=True).items():
+    for key, tensor in own.items():
         theirs = torch_dtype(saved["state"][key])
         if theirs is not None and theirs != tensor.dtype:
             raise RestoreError(
-                f"{where}: model #{index} ({type(model).__name__}) tensor {key!r} is {tensor.dtype} "
+                f"{where}: model #{index} ({mine}) tensor {key!r} is {tensor.dtype} "
                 f"but {theirs} in the checkpoint (a resume would not be exact)." + _FIX
             )
 
@@ -267,11 +276,43 @@ def read_small(tree: dict[str, Any]) -> dict[str, Any]:
     optimizer tensors, whose objects are checked present instead. A step with a missing or
     truncated object is thus rejected here, before anything live has changed, and the
     runtime can fall back to an older one."""
+    tree = with_plain_names(tree)
     deferred = _deferred(tree)
     if deferred:
         deferred[0].reader.check_objects([r.path for r in deferred])
     small: dict[str, Any] = read_refs(tree, keep={id(r) for r in deferred})
     return small
+
+
+def with_plain_names(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` with the names of a store written before names were plain (:mod:`.names`) made
+    plain: each model's tensors by :func:`~ravex.runtime.names.stored_name`, each optimizer's
+    parameters as the model tensor they equal is renamed (or by ``stored_name`` alone). Such a
+    store resumes into a plain or a wrapped model alike; any other tree keeps its names."""
+    renamed: dict[str, str] = {}
+    models = []
+    for entry in tree.get("models", []):
+        state = entry.get("state") or {}
+        names = {k: stored_name(k, entry.get("type", "")) for k in state}
+        for old, new in names.items():
+            renamed.setdefault(old, new)
+        models.append({**entry, "state": {names[k]: v for k, v in state.items()}})
+
+    def key(k: Any) -> Any:
+        return renamed.get(k, stored_name(k, "")) if isinstance(k, str) else k
+
+    optimizers = [
+        {**opt, "state": {key(k): v for k, v in (opt.get("state") or {}).items()},
+         "param_groups": [{**g, "params": [key(k) for k in g["params"]]} for g in opt["param_groups"]]}
+        if "param_groups" in opt else opt  # format 1 keys parameters by index
+        for opt in tree.get("optimizers", [])
+    ]
+    out = dict(tree)
+    if "models" in tree:
+        out["models"] = models
+    if "optimizers" in tree:
+        out["optimizers"] = optimizers
+    return out
 
 
 def _plan_optimizer(plan: _InPlace, opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:

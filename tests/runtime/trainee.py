@@ -9,6 +9,7 @@ Environment:
 ``T_EPOCHS``    epochs (default 3)
 ``T_FROZEN``    ``1``: a fine-tune, ~95% of the parameters frozen (a frozen trunk, AdamW on
                 the head only)
+``T_COMPILE``   a ``torch.compile`` backend (``eager``): train the model compiled with it
 ``T_OUT``       where to write the final state (torch.save of plain dicts)
 ``T_BLOCK_AT``  ``step:<n>`` or ``epoch:<e>``: after that point, flush ravex, print
                 ``BLOCKED`` and block reading stdin, so the test can SIGKILL a process that
@@ -39,6 +40,7 @@ WORKERS = int(os.environ.get("T_WORKERS", "0"))
 EPOCHS = int(os.environ.get("T_EPOCHS", "3"))
 BLOCK_AT = os.environ.get("T_BLOCK_AT", "")
 FROZEN = os.environ.get("T_FROZEN") == "1"
+COMPILE = os.environ.get("T_COMPILE")
 
 
 def say(line: str) -> None:
@@ -122,7 +124,8 @@ def main() -> None:
     model = nn.Sequential(*trunk, nn.Dropout(0.2), nn.Linear(64, 4))
     if FROZEN:
         nn.Sequential(*trunk).requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
+    net = torch.compile(model, backend=COMPILE) if COMPILE else model
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=12 * EPOCHS)
     loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=WORKERS)
     loss_fn = nn.MSELoss()
@@ -132,7 +135,7 @@ def main() -> None:
             opt.zero_grad()
             # python and numpy RNG in the step too: they must be restored as well
             scale = 1.0 + 0.001 * random.random() + 0.001 * float(np.random.rand())
-            loss = loss_fn(model(x) * scale, y)
+            loss = loss_fn(net(x) * scale, y)
             loss.backward()
             opt.step()
             sched.step()

@@ -31,9 +31,10 @@ from ravex.saving.tree import leaves, tree_map
 from ravex.saving.zarr import PER_RANK
 
 from .. import sampler_epoch
+from ..names import plain_state
 from ..plan import param_names
 from ..registry import Registry
-from ..restore import saved_param_states
+from ..restore import saved_param_states, with_plain_names
 from ..rng import capture_rng
 from .collectives import initialized
 
@@ -97,7 +98,7 @@ def resolve(registry: Registry, loaded: LoadedStep, rank: int, world: int) -> di
     """This rank's tree of a multi-rank (or sharded) step: its per-rank state made to fit
     this world size, then the tensors read: replicated ones whole, a tensor the live object
     holds as a ``Shard(0)`` DTensor only for this rank's rows."""
-    tree, reader = loaded.tree, loaded.reader
+    tree, reader = with_plain_names(loaded.tree), loaded.reader
     saved_world, src = loaded.saved_world_size, loaded.saved_rank
     if saved_world != world:
         if rank == 0:
@@ -123,7 +124,7 @@ def resolve(registry: Registry, loaded: LoadedStep, rank: int, world: int) -> di
     live_of: dict[int, Any] = {}  # id(ArrayRef) -> live DTensor it must match
     models = registry.models()
     for model, saved in zip(models, tree.get("models", []), strict=False):
-        live = model.state_dict()
+        live = plain_state(model)
         for key, ref in saved.get("state", {}).items():
             if isinstance(ref, ArrayRef) and _is_dtensor(live.get(key)):
                 live_of[id(ref)] = live[key]
