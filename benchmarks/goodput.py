@@ -406,23 +406,30 @@ def _state_bytes(cfg: Config, mode: str) -> tuple[int, int]:
     return n * layer + 2 * (n - frozen) * layer, 3 * (n - frozen) * layer
 
 
+def run_child(module: str, spec: dict[str, Any], label: str) -> dict[str, Any]:
+    """``python -m <module> <spec> <out>`` in its own process; the JSON it wrote. The contender's
+    folder (``spec["dir"]``) and the JSON are removed whatever happens."""
+    out = spec["dir"] + ".json"
+    try:
+        proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec), out], cwd=REPO,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            res: dict[str, Any] = json.load(f)
+    finally:
+        shutil.rmtree(spec["dir"], ignore_errors=True)
+        if os.path.exists(out):
+            os.unlink(out)
+    return res
+
+
 def _run_one(cfg: Config, mode: str, name: str) -> dict[str, Any]:
     folder = tempfile.mkdtemp(prefix=f"goodput-{mode}-", dir=cfg.scratch)
     spec = {k: v for k, v in asdict(cfg).items() if k in ("width", "layers", "frozen_layers", "batch", "checkpoints",
                                                           "every", "warmup", "threads")}
     spec.update(mode=mode, contender=name, dir=folder, settings=VARIANTS.get(name, {}))
-    out = folder + ".json"
-    try:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.goodput", json.dumps(spec), out], cwd=REPO,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"goodput child {name!r} ({mode}) failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            res: dict[str, Any] = json.load(f)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        if os.path.exists(out):
-            os.unlink(out)
+    res = run_child("benchmarks.goodput", spec, f"goodput child {name!r} ({mode})")
     res["iteration_s"] = statistics.median(res["quiet_s"]) / cfg.every
     res["lost_s"] = [c - q for c, q in zip(res["checkpoint_s"], res["quiet_s"], strict=True)]
     res["cpu_lost_s"] = [c - q for c, q in zip(res["checkpoint_cpu_s"], res["quiet_cpu_s"], strict=True)]

@@ -30,16 +30,14 @@ import json
 import logging
 import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from typing import Any
 
-from .goodput import _KINDS, PEERS, Config, _build, _rounded
+from .goodput import _KINDS, PEERS, Config, _build, _rounded, run_child
 
 BASELINE = "no checkpoint"
 CONTENDERS = (BASELINE, "bare copy", "copy + O_DIRECT write", "ravex", "dcp.async_save", "torch.save")
@@ -115,20 +113,7 @@ def _run_one(cfg: Config, name: str) -> dict[str, Any]:
     folder = tempfile.mkdtemp(prefix="goodput-loop-", dir=cfg.scratch)
     spec = {"width": cfg.width, "layers": cfg.layers, "batch": cfg.batch, "checkpoints": cfg.checkpoints,
             "every": cfg.every, "warmup": cfg.warmup, "threads": cfg.threads, "contender": name, "dir": folder}
-    out = folder + ".json"
-    try:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.goodput_loop", json.dumps(spec), out],
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"goodput loop child {name!r} failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            res: dict[str, Any] = json.load(f)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        if os.path.exists(out):
-            os.unlink(out)
-    return res
+    return run_child("benchmarks.goodput_loop", spec, f"goodput loop child {name!r}")
 
 
 def _checkpoint_iterations(cfg: Config, name: str, seconds: list[float],
