@@ -134,6 +134,7 @@ class Cadence(Resume):
         every = self.config.checkpoint_every
         if every and n % every == 0:
             self._due = True
+            self.loop_position.note_due(position.innermost_frame(sys._getframe(1)))
         self._check_time()
 
     def loop_boundary(self, loop: Loop, ran: bool) -> None:

@@ -1,11 +1,12 @@
 """A loop fed through a wrapper that fetches ahead resumes at the batch the loop consumed, not at
-the one the wrapper fetched (:mod:`ravex.runtime.lookahead`): a queue of two in a generator of the
-script's, a prefetcher object drawn with ``next()`` in a ``while`` loop, and Accelerate's prepared
-DataLoader, with two workers that augment from their own RNG streams (a wrapper ahead of a loader
-that augments in the main process interleaves those draws with the training's: no rerun can replay
-that order). SIGKILLed mid-epoch, at an epoch's end, and in the tail a queue drains after its
-loader ran out; each rerun ends bitwise equal to plain torch and its witness says ``resume
-verified``. With the rule turned off, the witness must say the resume diverged.
+the one the wrapper fetched (:mod:`ravex.runtime.lookahead`): a generator of the script's one
+batch ahead, a queue of two in one, a prefetcher object drawn with ``next()`` in a ``while``
+loop, and Accelerate's prepared DataLoader, with two workers that augment from their own RNG
+streams (a wrapper ahead of a loader that augments in the main process interleaves those draws
+with the training's: no rerun can replay that order). SIGKILLed mid-epoch, at an epoch's end,
+and in the tail a queue drains after its loader ran out; each rerun ends bitwise equal to plain
+torch and its witness says ``resume verified``. With the rule turned off, the witness must say
+the resume diverged.
 """
 
 from __future__ import annotations
@@ -20,15 +21,22 @@ from .test_workers import EVERY, PER_EPOCH, STEPS, TRAINEE, kill_then_resume
 pytest.importorskip("accelerate")
 
 
-@pytest.mark.parametrize("ahead", ["2", "next", "accelerate"])
+@pytest.mark.parametrize("ahead", ["1", "2", "next", "accelerate"])
 def test_a_loop_behind_a_look_ahead_resumes_mid_epoch_at_the_batch_it_consumed(tmp_path, tmp_path_factory, ahead):
+    """``1`` and ``2``: a generator of the script's feeds the loop, which waits on its ``for``
+    while the generator draws the batch ahead: the position is the loop's, with its counter."""
     kill = harness.kill_points().randrange(EVERY + 1, STEPS)
     second = kill_then_resume(tmp_path, tmp_path_factory, {"T_AHEAD": ahead}, f"step:{kill}", EVERY)
     assert second.resumed_from == (kill - 1) // EVERY * EVERY
     second.assert_verified()
+    if ahead == "next":  # drawn inside the prefetcher's method: the loop's counter starts over, said once
+        assert second.stderr.count("which no loop draws itself") == 1, second.explain()
+        assert "the loop at workers_trainee.py:127 starts over" in second.stderr, second.explain()
+    else:
+        assert f"STEPS {STEPS}" in second.stdout, second.explain()
 
 
-@pytest.mark.parametrize("ahead", ["2", "accelerate"])
+@pytest.mark.parametrize("ahead", ["1", "2", "accelerate"])
 def test_a_look_ahead_resumes_after_an_epoch_end(tmp_path, tmp_path_factory, ahead):
     """The checkpoint of an epoch's last step: the loader ran out before that step (the wrapper
     held the last batches), so it is taken where the next epoch begins."""

@@ -50,6 +50,7 @@ CASES = {
     "class-epochs": (Shape("class_epochs.py", 30, 4, at_epoch_end=25), 4),
     "class-snapshot": (Shape("class_snapshot.py", 48, 5, per_epoch=12, at_epoch_end=25), 4),
     "try-epochs": (Shape("try_epochs.py", 20, 3, at_epoch_end=10), 3),
+    "prefetch-epochs": (Shape("prefetch_epochs.py", 36, 4, at_epoch_end=14), 4),
 }
 
 

@@ -141,6 +141,7 @@ def main() -> None:
     out = os.environ.get("T_OUT")
     if out:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, out)
+    say(f"STEPS {step}")  # the loop's own counter: carried across a resume, it ends at every step taken
     say("FINISHED")
 
 

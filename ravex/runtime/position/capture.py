@@ -15,9 +15,10 @@ the source, :mod:`.source`), the values a ``for`` of each outer loop had bound
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -365,6 +366,30 @@ def drawn_explicitly(frame: FrameType | None) -> bool:
     place = source.place(code.co_filename, code.co_name, code.co_firstlineno, frame.f_lineno, "call")
     return (place is not None and bool(place.loops)
             and not source.drawn_by_for(code.co_filename, code.co_name, code.co_firstlineno, frame.f_lineno))
+
+
+def feeding_loop(frame: FrameType, stepping: frozenset[CodeType]) -> FrameType:
+    """``frame``, or where it is a generator of the user's that only feeds a ``for`` of its caller
+    (its code did not step: not in ``stepping``, the code on the stack at the step that made the
+    checkpoint due; empty, unknown: nothing is passed over), that caller, and so on outward.
+    Such a generator (a prefetcher, a queue ahead of the loader) holds no position of the
+    training's: the batches it held are the look-ahead rule's, and a rerun makes it anew."""
+    while stepping and frame.f_code not in stepping and (caller := iterating(frame)) is not None:
+        frame = caller
+    return frame
+
+
+def iterating(frame: FrameType) -> FrameType | None:
+    """The frame whose ``for`` header is running ``frame``, a generator of the user's, through
+    any library code between them (``tqdm(prefetch(loader))``); None where ``frame`` is not one
+    or another statement drew from it."""
+    if not frame.f_code.co_flags & inspect.CO_GENERATOR:
+        return None
+    caller = innermost_frame(frame.f_back)
+    if caller is None:
+        return None
+    code = caller.f_code
+    return caller if source.drawn_by_for(code.co_filename, code.co_name, code.co_firstlineno, caller.f_lineno) else None
 
 
 def innermost_frame(frame: FrameType | None) -> FrameType | None:

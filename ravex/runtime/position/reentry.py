@@ -20,14 +20,14 @@ activation and the restore.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from types import FrameType
+from collections.abc import Callable, Generator, Iterator
+from types import FrameType, GeneratorType
 from typing import Any
 
 from ravex.errors import RestoreError
 
 from . import frames, source
-from .capture import innermost_frame, live_frames
+from .capture import innermost_frame, iterating, live_frames
 from .ending import Ending, RangeAt, ending, next_line
 
 _Tracer = Callable[[FrameType, str, Any], Any]
@@ -243,13 +243,16 @@ class Reentry:
 
     def at_loader(self) -> bool:
         """A DataLoader's ``iter()`` is called: is it the loop the checkpoint was taken in?
-        (Every outer loop positioned, called from the recorded frame at the loop's line.)"""
+        (Every outer loop positioned, called from the recorded frame at the loop's line, or
+        from a generator that the loop's ``for`` runs, :func:`.capture.feeding_loop`.)"""
         if not self.active or self.mode != "header" or self.next != len(self.order) - 1:
             return False
         frame = innermost_frame(sys._getframe(1))
         i, j = self.order[self.next]
         record = self.records[i]
-        if frame is None or frames.code_key(frame.f_code) != record["code"]:
+        while frame is not None and frames.code_key(frame.f_code) != record["code"]:
+            frame = iterating(frame)
+        if frame is None:
             return False
         if frame.f_lineno != record["loops"][j]["line"]:
             return False
@@ -296,7 +299,10 @@ class EnumerateFrom:
     is this class's subclass of it: when the iterator it wraps is the resumed loader's (handed
     over by :meth:`expect` as the loader's ``iter()`` runs inside ``enumerate(...)``), the count
     starts that many batches further; then the builtin is put back. It returns a genuine
-    ``enumerate``.
+    ``enumerate``, but for a generator of the user's code (a prefetcher that feeds the loop,
+    :func:`.capture.feeding_loop`): that one makes the loader's iterator only when the loop
+    first advances it, so its count is an iterator of pairs that starts further where the
+    resumed loader's ``iter()`` ran inside that first advance.
     """
 
     def __init__(self) -> None:
@@ -306,11 +312,13 @@ class EnumerateFrom:
         self._original: type[enumerate[Any]] = builtins.enumerate
         self._target: Any = None
         self._offset = 0
+        self._handovers = 0  # how many resumed iterators were handed over (:meth:`expect`)
         self.installed = False
 
     def expect(self, iterator: Any, offset: int) -> None:
         """The resumed epoch's iterator, whose count starts at ``offset``."""
         self._target, self._offset = iterator, offset
+        self._handovers += 1
 
     def install(self) -> None:
         original, shim = self._original, self
@@ -318,6 +326,9 @@ class EnumerateFrom:
         class enumerate(original):  # type: ignore[valid-type,misc]
             def __new__(cls, iterable: Any, start: int = 0) -> Any:
                 iterator = iter(iterable)
+                if shim._target is None and isinstance(iterator, GeneratorType) and frames.user_code(
+                        iterator.gi_code):
+                    return shim._counted(iterator, start)
                 if shim._target is None or iterator is not shim._target:
                     return original(iterator, start)
                 shim.uninstall()
@@ -326,6 +337,23 @@ class EnumerateFrom:
         enumerate.__doc__ = original.__doc__
         setattr(self._builtins, "enumerate", enumerate)  # noqa: B010 - a builtin is replaced on purpose
         self.installed = True
+
+    def _counted(self, generator: Generator[Any, Any, Any], start: int) -> Iterator[tuple[int, Any]]:
+        """``enumerate(generator, start)``, its count further by the resumed epoch's skipped
+        batches where the resumed loader's ``iter()`` runs within the generator's first step."""
+        handovers = self._handovers
+        try:
+            first = next(generator)
+        except StopIteration:
+            return
+        count = start
+        if self._handovers != handovers:  # the resumed loader's iterator was made inside that step
+            count += self._offset
+            self.uninstall()
+        yield count, first
+        for item in generator:
+            count += 1
+            yield count, item
 
     def uninstall(self) -> None:
         self._target = None

@@ -101,7 +101,7 @@ def place(filename: str, name: str, first_line: int, line: int, mode: str) -> Pl
     shifts = tuple(_shift(chain, loop, started=not (mode == "head" and loop is loops[-1])) for loop in loops)
     return Place(sites, tuple(("for" if isinstance(b, (ast.For, ast.AsyncFor)) else "with", b.lineno)
                               for b in stacked),
-                 frozenset((carried(live, _stores(loops[0]) | declared) | declared) - bound), exact, live,
+                 frozenset((carried(live, _changes(loops[0]) | declared) | declared) - bound), exact, live,
                  shifts)
 
 
@@ -169,7 +169,7 @@ def after(filename: str, name: str, first_line: int, line: int) -> After | None:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             call = (func.value.id, func.attr)
     return After(stmt.lineno, chain[level].stmts[index].lineno,
-                 carried(live, _stores(stmt) | declared) | declared, call, live)
+                 carried(live, _changes(stmt) | declared) | declared, call, live)
 
 
 @dataclass(frozen=True)
@@ -520,6 +520,33 @@ def _stores(node: ast.AST) -> frozenset[str]:
             elif (isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name)
                   and isinstance(child.ctx, ast.Store)):
                 found.add(f"{child.value.id}.{child.attr}")
+            todo.append(child)
+    return frozenset(found)
+
+
+#: methods that change a list, dict, set or deque in place: ``results.append(x)`` in a loop
+#: carries ``results`` as surely as ``total += x`` carries ``total``
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault", "appendleft", "extendleft",
+                       "pop", "popleft", "remove", "discard", "clear"})
+
+
+def _changes(node: ast.AST) -> frozenset[str]:
+    """What ``node`` changes (outside nested functions and classes): the names it assigns
+    (:func:`_stores`), and those it changes in place (``results.append(x)``, ``seen[k] = v``)."""
+    found = set(_stores(node))
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        for child in ast.iter_child_nodes(current):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
+                                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                continue
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                    and isinstance(child.func.value, ast.Name) and child.func.attr in _MUTATORS):
+                found.add(child.func.value.id)
+            elif (isinstance(child, ast.Subscript) and isinstance(child.value, ast.Name)
+                  and isinstance(child.ctx, (ast.Store, ast.Del))):
+                found.add(child.value.id)
             todo.append(child)
     return frozenset(found)
 

@@ -11,12 +11,13 @@ functions it is handed (take a checkpoint here, restore here, the position is lo
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
-from . import frames
+from . import frames, source
 from .capture import (
     capture,
     capture_after,
@@ -25,6 +26,7 @@ from .capture import (
     capture_variables,
     changed,
     describe,
+    feeding_loop,
     innermost_frame,
 )
 from .headwatch import HeadWatch
@@ -49,7 +51,11 @@ class LoopPosition:
         self.after: dict[str, Any] | None = None  # a finished run's position past its training
         self.reentry: Reentry | None = None  # the rerun going back to the recorded position
         self.enumerate: EnumerateFrom | None = None  # enumerate's count in the resumed epoch
+        #: the user's code on the stack at the optimizer step that made the pending checkpoint
+        #: due (:meth:`note_due`): a generator not among it only feeds the loop that steps
+        self.stepping: frozenset[CodeType] = frozenset()
         self._unsaved_said = False
+        self._start_over_said = False
 
     # ── the first run ──────────────────────────────────────────────────
 
@@ -75,18 +81,29 @@ class LoopPosition:
         if watch is not None:
             watch.stop()
 
+    def note_due(self, frame: FrameType | None) -> None:
+        """The optimizer step that makes a checkpoint due, with ``frame`` its innermost user frame."""
+        self.stepping = frozenset(f.f_code for f in frames.user_frames(frame))
+
     def record(self, frame: FrameType | None, mode: str) -> dict[str, Any] | None:
         """What a checkpoint taken with ``frame`` (the innermost frame of the user's code) at
         ``mode`` records of the loops (:func:`.capture.capture`; ``"loop"``: only the variables,
-        ``ravex.loop`` saves the positions); said once when a carried variable cannot be saved."""
+        ``ravex.loop`` saves the positions); said once when a carried variable cannot be saved.
+        A batch drawn inside a generator of the user's that only feeds a loop (its code was not
+        on the stack when the checkpoint fell due) is that loop's header: the position is the
+        loop's, waiting on its ``for``, and a rerun makes the generator anew."""
         if frame is None:
             return None
+        if mode == "header":
+            frame = feeding_loop(frame, self.stepping)
         script, unsaved = (capture_variables(frame, self.wanted) if mode == "loop"
                            else capture(frame, mode, self.wanted))
         main_file = frames.main_file()
         if script is not None and mode != "loop" and main_file:
             self.last = (script, main_file)
             self.last_frames = frames.user_frames(frame)
+        if script is None and mode == "header":
+            self._say_loops_start_over(frame)
         if unsaved and not self._unsaved_said and script is not None:
             self._unsaved_said = True
             logger.warning("ravex: the loop in %s carries %s from one iteration to the next, "
@@ -95,6 +112,28 @@ class LoopPosition:
                            "the loop sets them; `script_variables: none` in ravex.yaml silences this",
                            frame.f_code.co_filename, ", ".join(unsaved))
         return script
+
+    def _say_loops_start_over(self, frame: FrameType) -> None:
+        """Once: a checkpoint taken at a DataLoader's ``next()`` that no loop of the user's draws
+        itself (a helper that prefetches, called from a loop's body) records no loop position: a
+        rerun resumes the state and the data, and the loops around it start over."""
+        if self._start_over_said:
+            return
+        loops = []
+        for f in frames.user_frames(frame):
+            code = f.f_code
+            place = source.place(code.co_filename, code.co_name, code.co_firstlineno, f.f_lineno, "call")
+            if f is not frame and place is not None and place.loops:
+                loops.append(f"{os.path.basename(code.co_filename)}:{place.loops[-1].line}")
+        if not loops:
+            return
+        self._start_over_said = True
+        code = frame.f_code
+        logger.warning("ravex: this run's checkpoints are taken at a DataLoader's next() in %s (%s:%d), which "
+                       "no loop draws itself: a rerun resumes the state and the data exactly, but the loop "
+                       "at %s starts over, with its variables (counters, meters, lists) as the code before "
+                       "it sets them; a loop whose `for` or `while` draws the batches is resumed with them",
+                       code.co_name, os.path.basename(code.co_filename), frame.f_lineno, loops[-1])
 
     def past_loop(self, frame: FrameType | None) -> dict[str, Any] | None:
         """The watched loop ended and ``frame``, alive, stands right past the outermost loop of

@@ -137,3 +137,33 @@ class SnapshotTrainer:
                             "epoch": epoch}, self.snapshot)
             if self.eval_loader is not None:
                 self._evaluate(epoch)
+
+
+def prefetched(loader):
+    """A prefetcher as image-classification trainers write one: the next batch is fetched
+    before the current one is handed out (one ahead), from a generator of the user's module."""
+    it = iter(loader)
+    ready = next(it, None)
+    while ready is not None:
+        upcoming = next(it, None)
+        yield ready
+        ready = upcoming
+
+
+def train_one_epoch(epoch, model, loader, opt, num_updates):
+    """timm's ``train_one_epoch`` shape: ``enumerate`` over the prefetcher, an update counter that
+    sets a per-update learning rate, and a running mean of the loss; the counter comes back."""
+    loss_sum, seen = 0.0, 0
+    for batch_idx, (x, y) in enumerate(prefetched(loader)):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        num_updates += 1
+        for group in opt.param_groups:
+            group["lr"] = 0.1 / (1 + 0.05 * num_updates)
+        loss_sum += loss.item()
+        seen += 1
+        say(f"STEP {epoch} {batch_idx} {num_updates} {(loss_sum / seen).hex()} {loss.item().hex()}")
+        done_step()
+    return num_updates, loss_sum / seen
