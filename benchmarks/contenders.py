@@ -20,7 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ravex.format import open_store
-from ravex.format.dtypes import data_type
+from ravex.format.objects.dtypes import data_type
 
 from .state import empty_like_tree, flatten
 from .util import fsync_path, fsync_tree

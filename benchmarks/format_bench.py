@@ -313,7 +313,7 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 def _changed_bytes(before: dict[tuple, np.ndarray], after: dict[tuple, np.ndarray], reader: Any) -> dict[str, int]:
     """Ground truth from content, independent of Ravex's hashes: bytes of tensors that changed,
     and bytes of the chunks (on the grid the manifest declares) whose content changed."""
-    from ravex.format.names import escape_key
+    from ravex.format.objects.names import escape_key
 
     tensors = chunks = total = 0
     for key, a in after.items():

@@ -51,8 +51,8 @@ CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save", "copy + O_DI
 #: (``--ab NAME,...``; ``--ab all``).
 VARIANTS: dict[str, dict[str, Any]] = {
     "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
-    "ravex, 2 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 2},
-    "ravex, 8 writer threads": {"ravex.format.writer:DEFAULT_THREADS": 8},
+    "ravex, 2 writer threads": {"ravex.format.writing.writer:DEFAULT_THREADS": 2},
+    "ravex, 8 writer threads": {"ravex.format.writing.writer:DEFAULT_THREADS": 8},
     # issue 26: staging memory faulted in before the first checkpoint, on idle cores (as shipped),
     # at normal priority, or not at all
     "ravex, prepare at normal priority": {"ravex.saving.stager:PREPARE_IDLE": False},

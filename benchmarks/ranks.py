@@ -2,7 +2,7 @@
 
 Each simulated rank is a process (forked, so imports are paid once) that writes its part of
 one sharded step into one local store, exactly as a rank of a real job would: its rows of
-every sharded array as whole chunks (``ravex.format.reshard``), its share of a replicated
+every sharded array as whole chunks (``ravex.format.writing.reshard``), its share of a replicated
 state (written once in total, split by ``ravex.saving.ranks.assign``), its own RNG-sized
 per-rank array, then ``rank-<r>.json``. No process waits on another; a barrier only lines up
 the start. Reported:
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ravex.format import ArrayShard, open_store, write_refs
-from ravex.format.reshard import aligned_chunk_rows, read_rows, shard_of, shard_rows
+from ravex.format.writing.reshard import aligned_chunk_rows, read_rows, shard_of, shard_rows
 from ravex.runtime.distributed.collectives import agree_on_steps
 from ravex.saving.ranks import assign
 

@@ -916,7 +916,7 @@ def run(cfg: Config) -> dict[str, Any]:
     if "g_bf16" in cfg.sections:
         results["g_bf16"] = g_bf16(cfg)
     if "i_sparse_cpu" in cfg.sections:
-        from ravex.format.tabledelta import TABLE_MIN_CHUNKS
+        from ravex.format.objects.tabledelta import TABLE_MIN_CHUNKS
 
         from . import sparse_cpu
 

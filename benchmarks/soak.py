@@ -161,7 +161,7 @@ def run_soak(
     """Run the soak; returns the report (see the module doc). ``url``: a store URL to use
     instead of a local folder (``s3://...`` with ``storage_options``)."""
     from ravex.format import open_store
-    from ravex.format.validate import validate
+    from ravex.format.reports.validate import validate
 
     rng = random.Random(seed)
     own_dir = workdir is None
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.s3:
         import boto3
 
-        from ravex.format.remote import s3_storage_options
+        from ravex.format.storage.remote import s3_storage_options
 
         moto, endpoint = start_moto(tempfile.mkdtemp(prefix="ravex-soak-moto-"))
         try:

@@ -34,11 +34,12 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from ravex.format import ArrayShard, clock, open_store  # noqa: E402
-from ravex.format import writer as writer_mod  # noqa: E402
-from ravex.format.manifest import Manifest  # noqa: E402
-from ravex.format.names import manifest_key  # noqa: E402
-from ravex.format.refs import write_refs  # noqa: E402
+from ravex.format import ArrayShard, open_store  # noqa: E402
+from ravex.format.history import clock  # noqa: E402
+from ravex.format.objects.names import manifest_key  # noqa: E402
+from ravex.format.steps.manifest import Manifest  # noqa: E402
+from ravex.format.steps.refs import write_refs  # noqa: E402
+from ravex.format.writing import writer as writer_mod  # noqa: E402
 
 EXAMPLE = os.path.join(HERE, "example")
 CREATED_AT = "2026-01-01T00:00:00.000+00:00"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ravex.format import CheckpointStore, StepReader
-    from ravex.format.summary import Progress
+    from ravex.format.reports.summary import Progress
 
 #: Exit status: done; a finding (a failed validation); bad usage or an unreadable store.
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
@@ -174,7 +174,7 @@ def console(stderr: bool = False) -> Console:
 
 def print_json(doc: Any) -> None:
     """``doc`` as strict JSON on stdout (``inf``/``nan`` spelled as text)."""
-    from ravex.format.diff import jsonable
+    from ravex.format.reports.diff import jsonable
 
     sys.stdout.write(json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n")
 

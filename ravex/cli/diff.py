@@ -1,10 +1,10 @@
-"""``ravex diff``: two steps compared tensor by tensor, through :func:`ravex.format.diff.diff`."""
+"""``ravex diff``: two steps compared tensor by tensor, through :func:`ravex.format.reports.diff.diff`."""
 
 from __future__ import annotations
 
 import argparse
 
-from ravex.format.diff import StepDiff
+from ravex.format.reports.diff import StepDiff
 
 from .common import (
     EXIT_OK,
@@ -23,8 +23,8 @@ from .common import (
 def cmd_diff(args: argparse.Namespace) -> int:
     """Compare two steps tensor by tensor; unchanged chunks are never read. RNG streams and
     loader positions are listed apart, after the training tensors and values."""
-    from ravex.format.diff import change_order, diff
-    from ravex.format.sections import named, object_names
+    from ravex.format.reports.diff import change_order, diff
+    from ravex.format.steps.sections import named, object_names
     from ravex.tui.formatting import display_path
 
     store_a = open_store_for(split_step(args.a)[0])

@@ -56,9 +56,9 @@ def _exporter(fmt: str) -> Callable[[StepReader, str], Any]:
     import importlib
 
     module_name, func_name = {
-        "safetensors": ("ravex.format.export", "export_safetensors"),
-        "zarr": ("ravex.format.export", "export_zarr"),
-        "refs": ("ravex.format.refs", "export_refs"),
+        "safetensors": ("ravex.format.interop.export", "export_safetensors"),
+        "zarr": ("ravex.format.interop.export", "export_zarr"),
+        "refs": ("ravex.format.steps.refs", "export_refs"),
         "pt": ("ravex.saving.export", "export_pt"),
     }[fmt]
     func = getattr(importlib.import_module(module_name), func_name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ravex.format.gc import DEFAULT_GRACE_SECONDS, GCReport
+from ravex.format.maintenance.gc import DEFAULT_GRACE_SECONDS, GCReport
 from ravex.tui.formatting import one_line
 
 from .common import (
@@ -25,7 +25,7 @@ from .common import (
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a store; exit 1 on an error (damage a step reads), 0 on warnings alone (damage no step
     reads, orphans, incomplete steps: what crashes leave and GC collects)."""
-    from ravex.format.validate import validate
+    from ravex.format.reports.validate import validate
 
     store = open_store_for(args.store)
     with progress_bar("validate --full" if args.full else "validate") as progress:

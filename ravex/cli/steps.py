@@ -31,13 +31,13 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ravex.format import StepReader
-    from ravex.format.runs import ResumeCheck, RunRecord
-    from ravex.format.summary import StepSummary, TensorStats
+    from ravex.format.history.runs import ResumeCheck, RunRecord
+    from ravex.format.reports.summary import StepSummary, TensorStats
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """List steps: time, training loss, ranks, tensors, logical bytes, new bytes written, reuse."""
-    from ravex.format.summary import summarize_steps
+    from ravex.format.reports.summary import summarize_steps
 
     from .timelines import timeline_tree
 
@@ -67,7 +67,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _resume_checks(store: Any, rows: list[StepSummary]) -> dict[int, ResumeCheck]:
     """How each resume from a listed step checked itself (spec §22): from the records of the runs
     that wrote the listed steps (one read per run), by the step resumed from."""
-    from ravex.format.runs import read_run
+    from ravex.format.history.runs import read_run
 
     checks: dict[int, ResumeCheck] = {}
     for run in sorted({r.run for r in rows if r.run}):
@@ -128,7 +128,7 @@ def _verdict_cell(check: ResumeCheck | None) -> str:
 
 
 def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
-    from ravex.format.sections import named, object_names
+    from ravex.format.steps.sections import named, object_names
     from ravex.tui.formatting import display_path
 
     by_display = {display_path(p): p for p in reader.arrays}
@@ -154,8 +154,8 @@ def _find_tensors(reader: StepReader, names: list[str]) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Show a step's tree, or tensors' metadata, statistics and histogram."""
-    from ravex.format.diff import step_values
-    from ravex.format.summary import dtype_name, read_tensor_stats, step_loss
+    from ravex.format.reports.diff import step_values
+    from ravex.format.reports.summary import dtype_name, read_tensor_stats, step_loss
     from ravex.tui.formatting import display_path
 
     reader = open_step_for(args.step)
@@ -221,7 +221,7 @@ def _ranks_json(reader: StepReader) -> list[dict[str, Any]]:
 def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
     """The record of the run that wrote the step, or why there is none to show."""
     from ravex.format.errors import RavexError
-    from ravex.format.runs import read_run
+    from ravex.format.history.runs import read_run
 
     try:
         record = read_run(reader.store.storage, reader.manifests[0].run)
@@ -232,7 +232,7 @@ def _run_record(reader: StepReader) -> tuple[RunRecord | None, str | None]:
 
 def _tags_of(reader: StepReader) -> list[str]:
     """The names of the tags on the step ``reader`` reads (spec §19)."""
-    from ravex.format.tags import read_tags
+    from ravex.format.history.tags import read_tags
 
     return sorted(t.name for t in read_tags(reader.store.storage).values()
                   if (t.timeline, t.step) == (reader.store.timeline.name, reader.step))
@@ -240,7 +240,7 @@ def _tags_of(reader: StepReader) -> list[str]:
 
 def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None, tags: list[str]) -> None:
     """The step's loss, its tags and what the run that wrote it was: a few lines above the tree."""
-    from ravex.format.summary import step_loss
+    from ravex.format.reports.summary import step_loss
     from ravex.tui.formatting import number, run_lines
 
     out = console()
@@ -262,8 +262,8 @@ def _print_run(reader: StepReader, record: RunRecord | None, problem: str | None
 
 
 def _tensor_json(reader: StepReader, path: str) -> dict[str, Any]:
-    from ravex.format.sections import is_bookkeeping, named, object_names
-    from ravex.format.summary import dtype_name
+    from ravex.format.reports.summary import dtype_name
+    from ravex.format.steps.sections import is_bookkeeping, named, object_names
     from ravex.tui.formatting import display_path
 
     e = reader.arrays[path]
@@ -277,7 +277,7 @@ def _tensor_json(reader: StepReader, path: str) -> dict[str, Any]:
 
 
 def _itemsize(entry: Any) -> int:
-    from ravex.format.dtypes import data_type
+    from ravex.format.objects.dtypes import data_type
 
     try:
         return data_type(entry.data_type).itemsize
@@ -288,8 +288,8 @@ def _itemsize(entry: Any) -> int:
 def _print_tree(reader: StepReader, tensors: list[str], values: dict[str, Any]) -> None:
     from rich.tree import Tree
 
-    from ravex.format.sections import is_bookkeeping, named, object_names
-    from ravex.format.summary import dtype_name
+    from ravex.format.reports.summary import dtype_name
+    from ravex.format.steps.sections import is_bookkeeping, named, object_names
     from ravex.tui.formatting import display_path, human_bytes, shape_text
 
     out = console()

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ravex.format import CheckpointStore
-    from ravex.format.summary import StepSummary
-    from ravex.format.tags import Tag
+    from ravex.format.history.tags import Tag
+    from ravex.format.reports.summary import StepSummary
 
 
 @dataclass
@@ -107,7 +107,7 @@ class TimelineTree:
 
 def timeline_tree(store: CheckpointStore, main_rows: list[StepSummary]) -> TimelineTree:
     """The tree of ``store``'s timelines; ``main_rows`` are main's summaries, already read."""
-    from ravex.format.summary import summarize_steps
+    from ravex.format.reports.summary import summarize_steps
 
     timelines = store.timelines()
     branches = {

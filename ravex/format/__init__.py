@@ -13,7 +13,7 @@ Torch-free: tensors arrive as numpy arrays (bfloat16 and float8 through
 Importing the package is cheap: the errors and the spec version are loaded with it, every
 other name on first use (module ``__getattr__``), so ``import ravex.errors`` and a ``ravex``
 command that lists a store pay for neither zarr-python nor ``ml_dtypes``. Using
-:class:`StepStore` (or importing ``ravex.format.zarr_store``) imports zarr-python and teaches
+:class:`StepStore` (or importing ``ravex.format.interop.zarr_store``) imports zarr-python and teaches
 it the bfloat16 and float8 data types.
 """
 
@@ -36,31 +36,31 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .catalog import StepInfo
-    from .export import export_safetensors, export_zarr
-    from .reader import ArrayRef, StepReader
-    from .refs import write_refs
+    from .interop.export import export_safetensors, export_zarr
+    from .interop.tensorstore_spec import open_tensorstore, tensorstore_spec
+    from .interop.zarr_store import StepStore
+    from .steps.catalog import StepInfo
+    from .steps.reader import ArrayRef, StepReader
+    from .steps.refs import write_refs
     from .store import CheckpointStore, open_store
-    from .tensorstore_spec import open_tensorstore, tensorstore_spec
-    from .writer import ArrayShard, CommitStats, StepWriter
-    from .zarr_store import StepStore
+    from .writing.writer import ArrayShard, CommitStats, StepWriter
 
 #: name -> the submodule that defines it, imported on first access
 _LAZY: dict[str, str] = {
-    "export_safetensors": "export",
-    "export_zarr": "export",
-    "ArrayRef": "reader",
-    "StepReader": "reader",
-    "write_refs": "refs",
+    "export_safetensors": "interop.export",
+    "export_zarr": "interop.export",
+    "ArrayRef": "steps.reader",
+    "StepReader": "steps.reader",
+    "write_refs": "steps.refs",
     "CheckpointStore": "store",
-    "StepInfo": "catalog",
+    "StepInfo": "steps.catalog",
     "open_store": "store",
-    "open_tensorstore": "tensorstore_spec",
-    "tensorstore_spec": "tensorstore_spec",
-    "ArrayShard": "writer",
-    "CommitStats": "writer",
-    "StepWriter": "writer",
-    "StepStore": "zarr_store",
+    "open_tensorstore": "interop.tensorstore_spec",
+    "tensorstore_spec": "interop.tensorstore_spec",
+    "ArrayShard": "writing.writer",
+    "CommitStats": "writing.writer",
+    "StepWriter": "writing.writer",
+    "StepStore": "interop.zarr_store",
 }
 
 

@@ -1,8 +1,8 @@
 """A checkpoint store and the verbs that act on it: :func:`open_store`, :class:`CheckpointStore`.
 
-:class:`CheckpointStore` is the :class:`~ravex.format.catalog.StoreCatalog` (steps,
+:class:`CheckpointStore` is the :class:`~ravex.format.steps.catalog.StoreCatalog` (steps,
 manifests, completeness) with the verbs that open a writer, a reader or a collection
-(:mod:`.writer`, :mod:`.reader`, :mod:`.gc`). Those modules work on the catalog and never
+(:mod:`.writing.writer`, :mod:`.steps.reader`, :mod:`.maintenance.gc`). Those modules work on the catalog and never
 import this one, so the import graph has no cycle.
 """
 
@@ -13,18 +13,12 @@ import json
 import os
 from typing import Any
 
-from . import clock
 from ._version import FORMAT_NAME, SPEC_VERSION, check_version
-from .catalog import StepFiles, StepInfo, StoreCatalog
 from .errors import ManifestError, StepNotFoundError, StoreNotFoundError
-from .gc import DEFAULT_GRACE_SECONDS, GCReport, gc
-from .hashing import HASH_NAME
-from .jsondoc import load_document
-from .names import check_label, is_decimal
-from .reader import StepReader
-from .storage import RetryPolicy, open_storage
-from .tags import Tag, create_tag, delete_tag, read_tags, tag_key
-from .timelines import (
+from .history import clock
+from .history.jsondoc import load_document
+from .history.tags import Tag, create_tag, delete_tag, read_tags, tag_key
+from .history.timelines import (
     MAIN,
     TIMELINES,
     Timeline,
@@ -35,7 +29,13 @@ from .timelines import (
     split_ref,
     timeline_key,
 )
-from .writer import StepWriter
+from .maintenance.gc import DEFAULT_GRACE_SECONDS, GCReport, gc
+from .objects.hashing import HASH_NAME
+from .objects.names import check_label, is_decimal
+from .steps.catalog import StepFiles, StepInfo, StoreCatalog
+from .steps.reader import StepReader
+from .storage import RetryPolicy, open_storage
+from .writing.writer import StepWriter
 
 __all__ = ["ROOT_KEY", "CheckpointStore", "StepFiles", "StepInfo", "open_store"]
 
@@ -46,7 +46,7 @@ class CheckpointStore(StoreCatalog):
     """One Ravex store. Open with :func:`open_store`."""
 
     def writer(self, *args: Any, **options: Any) -> StepWriter:
-        """A writer for one rank (arguments: :class:`~ravex.format.writer.StepWriter`'s after the
+        """A writer for one rank (arguments: :class:`~ravex.format.writing.writer.StepWriter`'s after the
         store); it keeps the delta base between commits (``delta=False`` stores every chunk anew
         each time)."""
         return StepWriter(self, *args, **options)

@@ -74,9 +74,9 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ravex.format import ArrayRef, ArrayShard, CheckpointStore, StepReader, UnsupportedValueError, open_store
-from ravex.format.names import escape_key
-from ravex.format.refs import refs_worth_writing, write_refs
-from ravex.format.values import decode_value, encode_value
+from ravex.format.objects.names import escape_key
+from ravex.format.objects.values import decode_value, encode_value
+from ravex.format.steps.refs import refs_worth_writing, write_refs
 from ravex.saving.dtypes import numpy_view, to_torch
 
 __all__ = ["DOC_KEY", "RavexStorageReader", "RavexStorageWriter"]

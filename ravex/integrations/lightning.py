@@ -83,8 +83,8 @@ from torch.utils.data import DataLoader
 
 from ravex.errors import RestoreError
 from ravex.format import CheckpointStore, CommitStats, StepWriter, open_store
+from ravex.format.history.timelines import MAIN, split_ref
 from ravex.format.storage.atomic import atomic_write, unlink_quietly
-from ravex.format.timelines import MAIN, split_ref
 from ravex.saving.backend import LIGHTNING_KEY
 from ravex.saving.logline import checkpoint_line, commit_text, copied_text, stall_text
 

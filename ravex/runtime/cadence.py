@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
-from ravex.format.runs import RunRecord
+from ravex.format.history.runs import RunRecord
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__

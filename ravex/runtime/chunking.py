@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ravex.format.names import array_name
+from ravex.format.objects.names import array_name
 
 from .names import renamer
 from .plan import param_keys, param_names

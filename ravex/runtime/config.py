@@ -329,7 +329,7 @@ def _compression(value: Any) -> str:
     """Whatever the format's writer accepts (``none``, ``zstd``, ``zstd:3``, ``blosc``...)."""
     name = _nonempty_str(value)
     try:
-        from ravex.format.codecs import parse_compression
+        from ravex.format.objects.codecs import parse_compression
     except ImportError:  # pragma: no cover - the writer will say
         return name
     parse_compression(name)  # ValueError names the valid choices

@@ -1,4 +1,4 @@
-"""What a run was, gathered once for its run record (:mod:`ravex.format.runs`).
+"""What a run was, gathered once for its run record (:mod:`ravex.format.history.runs`).
 
 The command line, the script and the git commit of its checkout (and whether tracked files
 differ from it), the host, the world size, the Python/torch/Ravex versions and the effective
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ravex.format.runs import NOT_A_CHECKOUT, GitState, RunRecord, now
+from ravex.format.history.runs import NOT_A_CHECKOUT, GitState, RunRecord, now
 from ravex.version import __version__
 
 from .config import RavexConfig

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from ravex.format.runs import ResumeCheck
-from ravex.format.witness import Witness, WitnessEntry
+from ravex.format.history.runs import ResumeCheck
+from ravex.format.history.witness import Witness, WitnessEntry
 
 from .distributed import collectives
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ravex.format.witness import Witness
+from ravex.format.history.witness import Witness
 
 from .logline import STALL_KEY, checkpoint_line, stall_ms, stall_text
 from .plan import Outcomes, SavePlan, SavingSettings

@@ -12,7 +12,7 @@ busy machine, see ``ravex.saving.stager``). ``np.copyto`` releases the GIL while
 
 **Hashing as it copies.** A pair queued with a chunk length is copied chunk by chunk, each
 chunk in blocks of :data:`HASH_BLOCK_BYTES` that are hashed right after they land, while
-they are still in the cache (:class:`~ravex.format.hashing.ChunkHasher`). The writer then
+they are still in the cache (:class:`~ravex.format.objects.hashing.ChunkHasher`). The writer then
 finds those digests known and does not read the bytes again to hash them: measured on 1.125
 GiB on two threads, the copy took 0.065 s alone and 0.071 s hashing as well, against a
 separate hash pass of 0.036-0.064 CPU-s over memory (benchmarks/RESULTS.md (h), issue 26).
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ravex.format.hashing import ChunkHasher
+from ravex.format.objects.hashing import ChunkHasher
 
 _copy = np.copyto  # (a name of this module, so that a test can make a piece fail)
 
@@ -53,7 +53,7 @@ PARALLEL_MIN_BYTES = 4 * PIECE_BYTES
 HASH_BLOCK_BYTES = 1 << 20
 
 #: One piece of work: source bytes, destination bytes, and for a hashed chunk the length it is
-#: padded to and the digests it goes into (keyed as ``ravex.format.hashing.KnownDigests``).
+#: padded to and the digests it goes into (keyed as ``ravex.format.objects.hashing.KnownDigests``).
 _Piece = tuple[np.ndarray, np.ndarray, int, "dict[tuple[int, int, int], str] | None"]
 
 

@@ -1,6 +1,6 @@
 """The one bridge between torch dtypes and the format's numpy arrays.
 
-The format names its element types (:mod:`ravex.format.dtypes`); three of them (bfloat16
+The format names its element types (:mod:`ravex.format.objects.dtypes`); three of them (bfloat16
 and the float8 types) have no numpy type, and numpy spells them through ``ml_dtypes``.
 torch has them natively, so a tensor of one of them crosses to numpy, and back, as a
 same-size integer view: no copy, no conversion, the bits unchanged.
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ravex.format.dtypes import BY_NAME, data_type
+from ravex.format.objects.dtypes import BY_NAME, data_type
 
 #: Format data types numpy has no type for, by name, with the torch dtype of that name.
 EXTENSION: dict[str, torch.dtype] = {d.name: getattr(torch, d.name) for d in BY_NAME.values() if d.extension}

@@ -75,7 +75,7 @@ def stall_ms(wait: float, stage: float) -> str:
 
 def job_line(step: int, headers: Sequence[Mapping[str, Any]], url: str) -> str:
     """Rank 0's line for a complete multi-rank step, from its ranks' manifest headers
-    (:func:`ravex.format.summary.read_manifest_header`): the slowest rank's stall and
+    (:func:`ravex.format.reports.summary.read_manifest_header`): the slowest rank's stall and
     which rank, bytes new and reused summed over the ranks, and how many ranks."""
 
     def total(name: str) -> int:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ravex.format.hashing import KnownDigests
-    from ravex.format.runs import RunRecord
+    from ravex.format.history.runs import RunRecord
+    from ravex.format.objects.hashing import KnownDigests
 
 
 @dataclass(frozen=True)

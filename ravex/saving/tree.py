@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ravex.format.values import all_plain
+from ravex.format.objects.values import all_plain
 
 
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:

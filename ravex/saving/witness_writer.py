@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from ravex.format.witness import Witness
+from ravex.format.history.witness import Witness
 
 logger = logging.getLogger("ravex")
 

@@ -13,7 +13,7 @@ for the ranks' agreement: rank 0 creates it once, under the run id they agreed o
 ranks find it by that id (:meth:`ZarrBackend.fork_agreed`).
 
 One run writes a timeline at a time: rank 0 holds the timeline's lease (spec §21,
-:mod:`ravex.format.leases`) from :meth:`ZarrBackend.claim` to :meth:`ZarrBackend.close`, renewed by a
+:mod:`ravex.format.history.leases`) from :meth:`ZarrBackend.claim` to :meth:`ZarrBackend.close`, renewed by a
 :class:`LeaseKeeper` thread and confirmed before each manifest.
 """
 
@@ -28,14 +28,14 @@ from typing import Any, ClassVar
 
 from ravex.format import CheckpointStore, RavexError, open_store
 from ravex.format.errors import LeaseLostError
-from ravex.format.handoff import adopt_step, newest_own_step, pack_manifests, payload_timeline
-from ravex.format.leases import Holder, Lease
-from ravex.format.reader import RankReader
-from ravex.format.refs import refs_worth_writing, write_refs
-from ravex.format.runs import write_run
-from ravex.format.summary import read_manifest_header
-from ravex.format.timelines import split_ref
-from ravex.format.witness import Witness, read_witness, write_witness
+from ravex.format.history.leases import Holder, Lease
+from ravex.format.history.runs import write_run
+from ravex.format.history.timelines import split_ref
+from ravex.format.history.witness import Witness, read_witness, write_witness
+from ravex.format.reports.summary import read_manifest_header
+from ravex.format.steps.handoff import adopt_step, newest_own_step, pack_manifests, payload_timeline
+from ravex.format.steps.reader import RankReader
+from ravex.format.steps.refs import refs_worth_writing, write_refs
 
 from .backend import LIGHTNING_KEY, CheckpointBackend, LoadedStep
 from .load import read_refs
@@ -483,7 +483,7 @@ class ZarrBackend(CheckpointBackend):
     # ── several ranks: O(1) requests per rank at a resume (rank 0 reads, the others are told) ──
 
     def newest_step_guess(self, rank: int) -> int | None:
-        """The newest step whose folder lists every rank (:func:`~ravex.format.handoff.newest_own_step`:
+        """The newest step whose folder lists every rank (:func:`~ravex.format.steps.handoff.newest_own_step`:
         two listings and this rank's manifest, whatever the world size). On a forked timeline,
         its lineage's newest complete step (every manifest read, as before)."""
         if self.timeline.timeline.parent is not None:
@@ -504,7 +504,7 @@ class ZarrBackend(CheckpointBackend):
         return LoadedStep(tree, reader, reader.world_size, rank)
 
     def hand_over(self, step: int) -> bytes:
-        """Rank 0: every manifest of ``step`` in one payload (:func:`~ravex.format.handoff.pack_manifests`),
+        """Rank 0: every manifest of ``step`` in one payload (:func:`~ravex.format.steps.handoff.pack_manifests`),
         from the reader its own read of the step opened (no request when it read it already)."""
         last = self._last_read
         if last is None or last[0] != step:

@@ -22,11 +22,11 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, P
 from textual.worker import get_current_worker
 
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
-from ravex.format.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff, step_values
-from ravex.format.runs import RunRecord, read_run
-from ravex.format.summary import StepSummary
-from ravex.format.timelines import MAIN
-from ravex.format.validate import Finding, ValidationReport, validate
+from ravex.format.history.runs import RunRecord, read_run
+from ravex.format.history.timelines import MAIN
+from ravex.format.reports.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff, step_values
+from ravex.format.reports.summary import StepSummary
+from ravex.format.reports.validate import Finding, ValidationReport, validate
 
 from . import heap
 from .formatting import display_path, one_line

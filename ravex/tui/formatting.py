@@ -10,10 +10,10 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ravex.format.names import unescape_key
+from ravex.format.objects.names import unescape_key
 
 if TYPE_CHECKING:
-    from ravex.format.runs import RunRecord
+    from ravex.format.history.runs import RunRecord
 
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"

@@ -14,8 +14,8 @@ import re
 from typing import Any
 
 from ravex.format import CheckpointStore, RavexError
-from ravex.format.manifest import Manifest
-from ravex.format.timelines import Timeline
+from ravex.format.history.timelines import Timeline
+from ravex.format.steps.manifest import Manifest
 
 from . import heap
 

@@ -14,10 +14,9 @@ from typing import Any
 from rich.text import Text
 
 from ravex.format import RavexError, StepReader
-from ravex.format.diff import TensorDiff, ValueDiff, step_values
-from ravex.format.runs import RunRecord
-from ravex.format.sections import named, object_names
-from ravex.format.summary import (
+from ravex.format.history.runs import RunRecord
+from ravex.format.reports.diff import TensorDiff, ValueDiff, step_values
+from ravex.format.reports.summary import (
     ChunkShare,
     Progress,
     StepSummary,
@@ -26,6 +25,7 @@ from ravex.format.summary import (
     dtype_name,
     read_tensor_stats,
 )
+from ravex.format.steps.sections import named, object_names
 
 from .formatting import (
     bar,

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from rich.text import Text
 
 from ravex.format import CheckpointStore
-from ravex.format.summary import StepSummary, summarize_step, summarize_steps
-from ravex.format.tags import Tag
-from ravex.format.timelines import Timeline
+from ravex.format.history.tags import Tag
+from ravex.format.history.timelines import Timeline
+from ravex.format.reports.summary import StepSummary, summarize_step, summarize_steps
 
 
 @dataclass

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Input, OptionList, ProgressBar, Static, T
 from textual.widgets.option_list import Option
 from textual.widgets.tree import TreeNode
 
-from ravex.format.summary import StepSummary
+from ravex.format.reports.summary import StepSummary
 
 from .formatting import loss_sparkline, sparkline
 from .model import Leaf, children, step_row, tree_index

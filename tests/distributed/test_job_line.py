@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from ravex.format import open_store
-from ravex.format.summary import summarize_step
+from ravex.format.reports.summary import summarize_step
 from ravex.saving.logline import size
 
 from . import dharness as h

@@ -1,4 +1,4 @@
-"""``ravex.format.reshard``: ranks write their dim-0 shards of one global array as whole
+"""``ravex.format.writing.reshard``: ranks write their dim-0 shards of one global array as whole
 chunks (uneven and empty last shards included); a reader at another world size fetches only
 the chunks its rows overlap. Torch-free and in-process: each "rank" is a StepWriter."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ravex.format import open_store, write_refs
-from ravex.format.reshard import aligned_chunk_rows, read_rows, shard_of, shard_rows
+from ravex.format.writing.reshard import aligned_chunk_rows, read_rows, shard_of, shard_rows
 
 ROW = 32768  # float64 columns: 256 KiB a row, so every chunk is an object of its own
 

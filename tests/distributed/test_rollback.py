@@ -12,7 +12,7 @@ import torch
 
 import ravex
 from ravex.format import open_store
-from ravex.format.leases import read_holder
+from ravex.format.history.leases import read_holder
 
 from . import dharness as h
 

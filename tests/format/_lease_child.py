@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ravex.format.errors import TimelineBusyError
-from ravex.format.leases import Lease
+from ravex.format.history.leases import Lease
 from ravex.format.storage import open_storage
 
 

@@ -191,7 +191,7 @@ def expect_line(proc: subprocess.Popen, prefix: str) -> str:
 
 def chunk_bytes_of(store_root: str | os.PathLike[str], ref: Any) -> bytes:
     """The stored (encoded) bytes of one chunk: inline, a whole object, or a pack's range."""
-    from ravex.format.names import object_key
+    from ravex.format.objects.names import object_key
 
     if ref.inline is not None:
         return bytes(ref.inline)

@@ -10,8 +10,8 @@ import pytest
 from fmt_helpers import WRITE_METHODS, assert_metadata_only, assert_same, counting
 
 from ravex.format import StoreNotFoundError, open_store
+from ravex.format.reports.validate import validate
 from ravex.format.storage import FsspecStorage, LocalStorage
-from ravex.format.validate import validate
 
 
 def state(step: int) -> dict:

@@ -29,9 +29,9 @@ from ravex.format import (
     UnsafeNameError,
     open_store,
 )
-from ravex.format.manifest import Manifest
-from ravex.format.names import manifest_key, object_key
-from ravex.format.validate import validate
+from ravex.format.objects.names import manifest_key, object_key
+from ravex.format.reports.validate import validate
+from ravex.format.steps.manifest import Manifest
 
 ROWS, COLS = 256, 256  # float32: chunks of 64 rows = 65536 bytes at chunk_bytes=64 KiB
 CHUNK_BYTES = 64 * COLS * 4

@@ -14,8 +14,8 @@ import zarr
 from fmt_helpers import object_files
 
 from ravex.format import ArrayShard, open_store
-from ravex.format.manifest import Manifest
-from ravex.format.writer import DEFAULT_CHUNK_BYTES
+from ravex.format.steps.manifest import Manifest
+from ravex.format.writing.writer import DEFAULT_CHUNK_BYTES
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
 ROW = 64 * 4  # 64 fp32 per row

@@ -12,12 +12,12 @@ import pytest
 
 from ravex.format import open_store
 from ravex.format._version import TABLE_SPEC_VERSION
-from ravex.format.chunktable import ROW_BYTES, ChunkTable
 from ravex.format.errors import CorruptObjectError, ManifestError, RavexError
-from ravex.format.manifest import Manifest
-from ravex.format.names import object_key
-from ravex.format.tabledelta import TABLE_MIN_CHUNKS
-from ravex.format.validate import validate
+from ravex.format.objects.chunktable import ROW_BYTES, ChunkTable
+from ravex.format.objects.names import object_key
+from ravex.format.objects.tabledelta import TABLE_MIN_CHUNKS
+from ravex.format.reports.validate import validate
+from ravex.format.steps.manifest import Manifest
 
 CHUNK = 2048  # 32 rows of 16 float32 per chunk
 ROWS = 32 * TABLE_MIN_CHUNKS + 5  # one more chunk than the threshold: a short edge chunk

@@ -12,7 +12,7 @@ import pytest
 from fmt_helpers import assert_same, snapshot
 
 from ravex.format import ArrayShard, ManifestError, open_store
-from ravex.format.validate import validate
+from ravex.format.reports.validate import validate
 
 
 def state(seed: int) -> dict:

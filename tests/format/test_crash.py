@@ -13,7 +13,7 @@ import pytest
 from fmt_helpers import CHILD, PY, assert_same, child_env, writer_state
 
 from ravex.format import StepNotFoundError, open_store
-from ravex.format.validate import validate
+from ravex.format.reports.validate import validate
 
 TRIALS = int(os.environ.get("RAVEX_CRASH_TRIALS", "32"))
 SEED = int(os.environ.get("RAVEX_CRASH_SEED", "20261202"))

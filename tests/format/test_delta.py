@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravex.format import open_store
-from ravex.format.validate import validate
+from ravex.format.reports.validate import validate
 
 CHUNK = 256 << 10  # chunks of 256 KiB get objects of their own; smaller ones are packed
 

@@ -9,8 +9,8 @@ import pytest
 from fmt_helpers import counting, object_calls
 
 from ravex.format import open_store
-from ravex.format.diff import diff
-from ravex.format.names import object_key
+from ravex.format.objects.names import object_key
+from ravex.format.reports.diff import diff
 
 CHUNK = 256 << 10
 

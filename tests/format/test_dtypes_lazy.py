@@ -1,4 +1,4 @@
-"""ravex.format.dtypes resolves ml_dtypes' types on first use, with the same names, sizes and dtypes."""
+"""ravex.format.objects.dtypes resolves ml_dtypes' types on first use, with the same names, sizes and dtypes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ravex.format.dtypes import BY_NAME, data_type, from_numpy
+from ravex.format.objects.dtypes import BY_NAME, data_type, from_numpy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTENSIONS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -39,7 +39,7 @@ def test_dtype_reading_a_float32_store_never_imports_ml_dtypes(tmp_path):
 import sys
 import numpy as np
 from ravex.format import open_store
-from ravex.format.dtypes import data_type
+from ravex.format.objects.dtypes import data_type
 state = open_store({str(tmp_path / "s")!r}).read(1)
 assert state["w"].dtype == np.float32 and state["i"].dtype == np.int64 and data_type("bfloat16").itemsize == 2
 print("ml_dtypes" in sys.modules, end=" ")

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravex.format import RavexError, open_store
-from ravex.format.manifest import Manifest
-from ravex.format.names import manifest_key
-from ravex.format.validate import validate
+from ravex.format.objects.names import manifest_key
+from ravex.format.reports.validate import validate
+from ravex.format.steps.manifest import Manifest
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

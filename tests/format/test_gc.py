@@ -10,10 +10,10 @@ import pytest
 from fmt_helpers import assert_same, object_files, snapshot, spawn, writer_state
 
 from ravex.format import open_store
-from ravex.format.gc import retained_steps
-from ravex.format.names import object_key
+from ravex.format.maintenance.gc import retained_steps
+from ravex.format.objects.names import object_key
+from ravex.format.reports.validate import validate
 from ravex.format.store import StepInfo
-from ravex.format.validate import validate
 
 
 def small_state(step: int) -> dict:

@@ -1,4 +1,4 @@
-"""Rank 0 hands a step's manifests to the other ranks (:mod:`ravex.format.handoff`): what a
+"""Rank 0 hands a step's manifests to the other ranks (:mod:`ravex.format.steps.handoff`): what a
 rank other than 0 asks of storage to find and read its resume step does not grow with the
 world size (issue 24), and a payload that is not one complete step of one run is refused."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from ravex.format import open_store
 from ravex.format.errors import ManifestError
-from ravex.format.handoff import adopt_step, newest_own_step, pack_step
-from ravex.format.reader import RankReader
-from ravex.format.reshard import read_rows, shard_of, shard_rows
+from ravex.format.steps.handoff import adopt_step, newest_own_step, pack_step
+from ravex.format.steps.reader import RankReader
+from ravex.format.writing.reshard import read_rows, shard_of, shard_rows
 
 
 class Counting:

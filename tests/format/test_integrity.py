@@ -21,9 +21,9 @@ from ravex.format import (
     UnsafeNameError,
     open_store,
 )
-from ravex.format.manifest import Manifest
-from ravex.format.names import manifest_key, manifest_ranks, object_key
-from ravex.format.validate import validate
+from ravex.format.objects.names import manifest_key, manifest_ranks, object_key
+from ravex.format.reports.validate import validate
+from ravex.format.steps.manifest import Manifest
 
 
 def state(seed: int = 0) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from ravex.format import open_store
 from ravex.format.errors import LeaseLostError, TimelineBusyError
-from ravex.format.leases import (
+from ravex.format.history.leases import (
     Holder,
     Identity,
     Lease,
@@ -25,8 +25,8 @@ from ravex.format.leases import (
     lease_key,
     read_holder,
 )
+from ravex.format.reports.validate import validate
 from ravex.format.storage import open_storage
-from ravex.format.validate import validate
 
 CHILD = Path(__file__).with_name("_lease_child.py")
 ME = Identity("here", 1000, "boot/ns", 77)

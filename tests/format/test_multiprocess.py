@@ -8,8 +8,8 @@ from _child import SHARD_CHUNK_ROWS, SHARD_ROWS, rank_state, shard_global
 from fmt_helpers import assert_same, counting, expect_line, object_calls, object_files, spawn
 
 from ravex.format import open_store
-from ravex.format.names import object_key
-from ravex.format.validate import validate
+from ravex.format.objects.names import object_key
+from ravex.format.reports.validate import validate
 
 WORLD = 4
 

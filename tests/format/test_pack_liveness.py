@@ -24,8 +24,8 @@ from _liveness_child import liveness_state
 from fmt_helpers import PY, assert_same, child_env
 
 from ravex.format import open_store
-from ravex.format.validate import validate
-from ravex.format.writer import PACK_LIVE_FLOOR, PACK_LIVE_TARGET
+from ravex.format.reports.validate import validate
+from ravex.format.writing.writer import PACK_LIVE_FLOOR, PACK_LIVE_TARGET
 
 CHILD = Path(__file__).with_name("_liveness_child.py")
 TRIALS = int(os.environ.get("RAVEX_LIVENESS_TRIALS", "32"))

@@ -18,7 +18,7 @@ from fmt_helpers import counting, object_calls
 
 from ravex.format import open_store
 from ravex.format.errors import CorruptObjectError
-from ravex.format.names import object_key
+from ravex.format.objects.names import object_key
 
 ROWS, DIM = 3000, 16  # 64-byte rows; 2 KiB chunks of 32 rows: 94 chunks, the last one short
 

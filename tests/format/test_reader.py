@@ -10,7 +10,7 @@ import pytest
 from fmt_helpers import counting, object_calls
 
 from ravex.format import open_store
-from ravex.format.names import object_key
+from ravex.format.objects.names import object_key
 
 
 def state() -> dict:
@@ -86,7 +86,7 @@ def test_python_float_nan_bits_round_trip(tmp_path):
 def test_the_manifest_cache_is_bounded_in_bytes_not_only_in_count(tmp_path, monkeypatch):
     """A writer remembers every manifest it commits; a 10,000-tensor one parses to ~30 MB, so
     256 of them (the count bound) would be gigabytes. The byte bound evicts the oldest."""
-    from ravex.format import catalog
+    from ravex.format.steps import catalog
 
     state = {f"t{i}": np.full(4, i, "float32") for i in range(200)}  # 200 arrays: ~480 KB estimated
     one = catalog._parsed_bytes

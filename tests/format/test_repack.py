@@ -23,12 +23,12 @@ from _liveness_child import liveness_state
 from fmt_helpers import REPO, Crash, assert_same, crash_after
 from test_pack_liveness import _age_objects, _table_steps, dead_bytes
 
-import ravex.format.gc as gc_module
-import ravex.format.writer as writer_module
+import ravex.format.maintenance.gc as gc_module
+import ravex.format.writing.writer as writer_module
 from ravex.format import open_store
-from ravex.format.gc import gc
-from ravex.format.repack import DEAD_BOUND, RETIRED_PREFIX, WHILE_WRITING_MIN_DEAD
-from ravex.format.validate import validate
+from ravex.format.maintenance.gc import gc
+from ravex.format.maintenance.repack import DEAD_BOUND, RETIRED_PREFIX, WHILE_WRITING_MIN_DEAD
+from ravex.format.reports.validate import validate
 
 TRIALS = 40
 

@@ -46,9 +46,9 @@ def race_state(step: int) -> dict:
 
 
 def run_child(url: str, count: int) -> None:
-    import ravex.format.writer as writer_module
+    import ravex.format.writing.writer as writer_module
     from ravex.format import open_store
-    from ravex.format.gc import gc
+    from ravex.format.maintenance.gc import gc
 
     writer_module.PACK_LIVE_FLOOR = writer_module.PACK_LIVE_TARGET = 0.0
     out = threading.Lock()
@@ -120,7 +120,7 @@ def test_gc_repacking_beside_a_writer_sigkilled_at_random_points_loses_nothing(t
     from test_repack import assert_every_step_reads
 
     from ravex.format import open_store
-    from ravex.format.gc import gc
+    from ravex.format.maintenance.gc import gc
 
     root = tmp_path / "s"
     open_store(root, create=True)

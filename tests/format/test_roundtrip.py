@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravex.format import UnsupportedValueError, open_store
-from ravex.format.dtypes import BY_NAME
-from ravex.format.names import check_array_path, escape_key, unescape_key
+from ravex.format.objects.dtypes import BY_NAME
+from ravex.format.objects.names import check_array_path, escape_key, unescape_key
 
 DTYPE_NAMES = sorted(BY_NAME)
 SPECIAL_KEYS = [
@@ -221,8 +221,8 @@ def test_manifest_bytes_are_exactly_what_json_writes(tmp_path):
     import json
 
     from ravex.format import open_store
-    from ravex.format.chunkref import ChunkRef
-    from ravex.format.manifest import ArrayEntry, Manifest
+    from ravex.format.objects.chunkref import ChunkRef
+    from ravex.format.steps.manifest import ArrayEntry, Manifest
 
     store = open_store(tmp_path / "s", create=True)
     rng = np.random.default_rng(1)

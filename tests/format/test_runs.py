@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ravex.format import RavexError, UnsafeNameError, open_store
-from ravex.format.runs import GitState, ResumeCheck, RunRecord, read_run, run_key, write_run
+from ravex.format.history.runs import GitState, ResumeCheck, RunRecord, read_run, run_key, write_run
 
 
 def _record(run: str = "0123abcd", **changes: object) -> RunRecord:

@@ -14,7 +14,7 @@ from fmt_helpers import assert_same
 
 from ravex.format import open_store
 from ravex.format.errors import BadNameError, NameTakenError, StepNotFoundError
-from ravex.format.timelines import MAIN
+from ravex.format.history.timelines import MAIN
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "spec" / "example"
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ravex.format import open_store
-from ravex.format.names import object_key
+from ravex.format.objects.names import object_key
 
 
 def _store_with_a_newer_step(root: Path) -> dict[str, np.ndarray]:

@@ -16,9 +16,9 @@ import pytest
 from fmt_helpers import REPO
 
 from ravex.format import CorruptObjectError, open_store
-from ravex.format.chunkref import ChunkRef
-from ravex.format.names import manifest_key, object_key
-from ravex.format.validate import ValidationReport, validate
+from ravex.format.objects.chunkref import ChunkRef
+from ravex.format.objects.names import manifest_key, object_key
+from ravex.format.reports.validate import ValidationReport, validate
 
 
 def state(step: int) -> dict:

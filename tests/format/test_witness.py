@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from ravex.format import ManifestError, open_store
-from ravex.format.validate import validate
-from ravex.format.witness import Witness, WitnessEntry, read_witness, witness_key, write_witness
+from ravex.format.history.witness import Witness, WitnessEntry, read_witness, witness_key, write_witness
+from ravex.format.reports.validate import validate
 
 SPEC = Path(__file__).resolve().parents[2] / "spec" / "FORMAT.md"
 

@@ -12,7 +12,7 @@ import zarr
 from fmt_helpers import assemble_zarr
 
 from ravex.format import open_store
-from ravex.format.dtypes import BY_NAME
+from ravex.format.objects.dtypes import BY_NAME
 
 EXTENSION_TYPES = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}  # not in zarr-python 3.1
 
@@ -58,7 +58,7 @@ def written(request, tmp_path_factory):
 
 
 def _arrays(tree: dict) -> list[tuple[str, str, str, np.ndarray]]:
-    from ravex.format.names import escape_key
+    from ravex.format.objects.names import escape_key
 
     return [
         (dt, n, f"{escape_key(dt)}/{escape_key(n)}", a) for dt, group in tree.items() for n, a in group.items()

@@ -27,9 +27,9 @@ with atheris.instrument_imports():
     import numpy as np
 
     from ravex.format import RavexError, open_store
-    from ravex.format.manifest import Manifest
-    from ravex.format.names import manifest_key
-    from ravex.format.validate import validate
+    from ravex.format.objects.names import manifest_key
+    from ravex.format.reports.validate import validate
+    from ravex.format.steps.manifest import Manifest
 
 WORK = tempfile.mkdtemp(prefix="ravex-atheris-")
 atexit.register(shutil.rmtree, WORK, ignore_errors=True)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ravex.format import ArrayShard, open_store
-from ravex.format.dtypes import BY_NAME
+from ravex.format.objects.dtypes import BY_NAME
 
 #: Lines that make a child process unable to import Ravex or torch (prepend to its code).
 BLOCK_RAVEX_TORCH = """

@@ -12,10 +12,10 @@ import tensorstore as ts
 import zarr
 
 from ravex.format import open_store
-from ravex.format.export import export_safetensors, export_zarr
-from ravex.format.refs import write_refs
-from ravex.format.tensorstore_spec import open_tensorstore
-from ravex.format.zarr_store import StepStore
+from ravex.format.interop.export import export_safetensors, export_zarr
+from ravex.format.interop.tensorstore_spec import open_tensorstore
+from ravex.format.interop.zarr_store import StepStore
+from ravex.format.steps.refs import write_refs
 
 KEYS = ["layer.0.weight", "état", "a/b", "~x", "%", "__x", "..", "", "sp ace", "q?#&=", 5]
 

@@ -13,7 +13,7 @@ import numpy as np
 from open_helpers import BLOCK_RAVEX_TORCH, RAW_BITS, same
 
 from ravex.format import open_store
-from ravex.format.refs import refs_key, step_refs, write_refs
+from ravex.format.steps.refs import refs_key, step_refs, write_refs
 
 #: The lines spec/FORMAT.md shows ("Reading without Ravex"), run verbatim below.
 FSSPEC_LINES = """
@@ -107,7 +107,7 @@ def test_store_on_an_fsspec_url():
 
     import zarr
 
-    from ravex.format.zarr_store import StepStore
+    from ravex.format.interop.zarr_store import StepStore
 
     root = f"memory://ravex-refs-{uuid.uuid4().hex}"
     store = open_store(root, create=True)
@@ -127,7 +127,7 @@ def test_small_chunk_steps_get_refs_only_on_demand(tmp_path):
     import zarr
 
     from ravex.cli import main
-    from ravex.format.refs import AUTO_ALWAYS_ENTRIES
+    from ravex.format.steps.refs import AUTO_ALWAYS_ENTRIES
 
     root = tmp_path / "s"
     store = open_store(root, create=True)
@@ -157,7 +157,7 @@ def test_step_store_walks_every_array(zoo):
     metadata lists every array, extension types included, and each reads bit-exactly from the walk."""
     import zarr
 
-    from ravex.format.zarr_store import StepStore
+    from ravex.format.interop.zarr_store import StepStore
 
     group = zarr.open_group(store=StepStore(zoo.root, zoo.step), mode="r")
     walked = {k: v for k, v in group.members(max_depth=None) if isinstance(v, zarr.Array)}

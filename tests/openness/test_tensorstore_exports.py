@@ -13,9 +13,9 @@ import zarr
 from open_helpers import same, torch_numpy
 
 from ravex.format import open_store
-from ravex.format.export import export_safetensors, export_zarr
-from ravex.format.names import object_key
-from ravex.format.tensorstore_spec import open_tensorstore, tensorstore_spec
+from ravex.format.interop.export import export_safetensors, export_zarr
+from ravex.format.interop.tensorstore_spec import open_tensorstore, tensorstore_spec
+from ravex.format.objects.names import object_key
 
 
 def test_tensorstore_in_place(zoo):

@@ -12,13 +12,13 @@ from pathlib import Path
 from open_helpers import BLOCK_RAVEX_TORCH
 
 from ravex.format import open_store
-from ravex.format.tensorstore_spec import tensorstore_step
+from ravex.format.interop.tensorstore_spec import tensorstore_step
 
 #: The lines spec/FORMAT.md §18.3 shows, run verbatim below.
 TENSORSTORE_LINES = """
 import base64, json
 import tensorstore as ts
-doc = json.load(open(spec_file))  # ravex.format.tensorstore_spec.tensorstore_step(store, step)
+doc = json.load(open(spec_file))  # ravex.format.interop.tensorstore_spec.tensorstore_step(store, step)
 context = ts.Context()
 memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
 for key, chunk in doc["memory"].items():  # packed and inline chunks: a byte range, or base64

@@ -1,4 +1,4 @@
-"""ravex.format.zarr_store: a step is a Zarr v3 hierarchy for stock zarr-python, and the
+"""ravex.format.interop.zarr_store: a step is a Zarr v3 hierarchy for stock zarr-python, and the
 store passes zarr's own StoreTests for everything a read-only store can do."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from zarr.core.sync import _collect_aiterator, sync
 from zarr.testing.store import StoreTests
 
 from ravex.format import open_store
-from ravex.format.chunkref import ChunkRef
 from ravex.format.errors import CorruptObjectError
-from ravex.format.hashing import digest
-from ravex.format.names import object_key
-from ravex.format.zarr_store import KeyEntry, StepStore
+from ravex.format.interop.zarr_store import KeyEntry, StepStore
+from ravex.format.objects.chunkref import ChunkRef
+from ravex.format.objects.hashing import digest
+from ravex.format.objects.names import object_key
 
 READ_ONLY = "store was opened in read-only mode and does not support writing"
 

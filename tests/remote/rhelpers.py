@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ravex.format.hashing import digest
-from ravex.format.remote import s3_storage_options
+from ravex.format.objects.hashing import digest
 from ravex.format.storage import RetryPolicy
+from ravex.format.storage.remote import s3_storage_options
 
 BUCKET = "ravex-test"
 KEY, SECRET = "testing-key", "testing-secret"

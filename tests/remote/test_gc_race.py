@@ -16,10 +16,10 @@ import pytest
 from rhelpers import assert_same
 
 from ravex.format import open_store
-from ravex.format.hashing import digest
-from ravex.format.names import object_key
+from ravex.format.objects.hashing import digest
+from ravex.format.objects.names import object_key
+from ravex.format.reports.validate import validate
 from ravex.format.storage import LocalStorage
-from ravex.format.validate import validate
 
 A = np.full(100_000, 1.0, dtype="float32")  # 400 KB: an object of its own (not packed)
 B = np.full(100_000, 2.0, dtype="float32")
@@ -107,7 +107,7 @@ def test_old_unreferenced_object_is_still_deleted(tmp_path):
 def _writer_has_delta_flag():
     import inspect
 
-    from ravex.format.writer import StepWriter
+    from ravex.format.writing.writer import StepWriter
 
     if "delta" not in inspect.signature(StepWriter.__init__).parameters:
         pytest.skip("StepWriter has no delta= switch in this tree")

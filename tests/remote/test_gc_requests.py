@@ -23,7 +23,7 @@ from faultproxy import FaultProxy
 from rhelpers import BUCKET, FAST_RETRY, assert_same, options_for, state
 
 from ravex.format import open_store
-from ravex.format.validate import validate
+from ravex.format.reports.validate import validate
 
 STEPS = range(1, 9)
 

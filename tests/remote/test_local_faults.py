@@ -25,8 +25,8 @@ from rhelpers import assert_same, objects_all_whole
 import ravex
 from ravex.format import open_store
 from ravex.format.errors import RavexError, StorageError
+from ravex.format.reports.validate import validate
 from ravex.format.storage import LocalStorage
-from ravex.format.validate import validate
 
 
 def _tree(step: int, mib: float) -> dict:

@@ -11,10 +11,10 @@ import pytest
 from rhelpers import FAST_RETRY, assert_same, objects_all_whole, options_for, state
 
 from ravex.format import open_store
-from ravex.format.diff import diff
 from ravex.format.errors import RavexError, StorageError, StoreNotFoundError
+from ravex.format.reports.diff import diff
+from ravex.format.reports.validate import validate
 from ravex.format.storage import FsspecStorage, RetryPolicy
-from ravex.format.validate import validate
 
 
 def _store(url, endpoint, create=True, retry=FAST_RETRY, **opts):

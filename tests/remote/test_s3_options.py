@@ -7,7 +7,7 @@ from rhelpers import BUCKET, FAST_RETRY, KEY, SECRET, assert_same, state
 
 from ravex.format import open_store
 from ravex.format.errors import RavexError, RemoteConfigError
-from ravex.format.remote import s3_storage_options
+from ravex.format.storage.remote import s3_storage_options
 
 
 def test_explicit_arguments_win():

@@ -20,7 +20,7 @@ import torch
 from rhelpers import BUCKET, KEY, SECRET, options_for
 
 from ravex.format import open_store
-from ravex.format.leases import generations, read_holder
+from ravex.format.history.leases import generations, read_holder
 from tests.distributed import dharness as h
 
 NODES, PER_NODE = 2, 2

@@ -14,7 +14,7 @@ import uuid
 from rhelpers import BUCKET, KEY, SECRET, options_for
 
 from ravex.format import open_store
-from ravex.format.leases import generations, read_holder
+from ravex.format.history.leases import generations, read_holder
 from ravex.format.storage import open_storage
 from tests.format.test_leases import race
 from tests.runtime import harness

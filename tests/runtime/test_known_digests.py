@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from ravex.format.hashing import KNOWN_MIN_BYTES, ChunkHasher, digest
+from ravex.format.objects.hashing import KNOWN_MIN_BYTES, ChunkHasher, digest
+from ravex.format.objects.tabledelta import pad
+from ravex.format.reports.validate import validate
 from ravex.format.store import open_store
-from ravex.format.tabledelta import pad
-from ravex.format.validate import validate
-from ravex.format.writer import DEFAULT_CHUNK_BYTES, StepWriter, hashed_chunk_len
+from ravex.format.writing.writer import DEFAULT_CHUNK_BYTES, StepWriter, hashed_chunk_len
 from ravex.saving import copier as _copier
 from ravex.saving.plan import RowShard
 from ravex.saving.stager import Stager
@@ -75,7 +75,7 @@ def test_a_commit_with_known_digests_writes_the_same_store(tmp_path):
 
 
 def test_the_commit_hashes_only_what_is_not_known(tmp_path, monkeypatch):
-    import ravex.format.writer as writer
+    import ravex.format.writing.writer as writer
 
     tree = {"w": torch.randn(2048, 4096), "b": torch.randn(9)}
     stager = Stager(as_numpy=True)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ravex.format import open_store
-from ravex.format.runs import NOT_A_CHECKOUT, read_run
+from ravex.format.history.runs import NOT_A_CHECKOUT, read_run
 from ravex.runtime import provenance
 from ravex.runtime.config import RavexConfig
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ravex.format import open_store
-from ravex.format.leases import read_holder
+from ravex.format.history.leases import read_holder
 
 from . import harness
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
 from ravex.format import open_store
-from ravex.format.chunktable import ChunkTable
+from ravex.format.objects.chunktable import ChunkTable
 from ravex.runtime.chunking import SPARSE_CHUNK_BYTES
 
 ROWS, DIM, HOT, STEPS = 8192, 64, 82, 6  # 82 rows = 1% of the table per step

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ravex.format import open_store
-from ravex.format.runs import read_run
+from ravex.format.history.runs import read_run
 
 from . import harness
 

@@ -24,12 +24,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ravex.format import clock, open_store
-from ravex.format.dtypes import BY_NAME
-from ravex.format.hashing import digest
-from ravex.format.manifest import Manifest
-from ravex.format.validate import ERROR_KINDS, WARNING_KINDS, validate
-from ravex.format.values import encode_value
+from ravex.format import open_store
+from ravex.format.history import clock
+from ravex.format.objects.dtypes import BY_NAME
+from ravex.format.objects.hashing import digest
+from ravex.format.objects.values import encode_value
+from ravex.format.reports.validate import ERROR_KINDS, WARNING_KINDS, validate
+from ravex.format.steps.manifest import Manifest
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -590,9 +591,9 @@ def _decode_as_spec_says(table: dict, n: int) -> dict[str, list]:
 
 def test_spec_table_layout_and_constants_match_the_code(table_store: tuple[Path, dict]) -> None:
     from ravex.format._version import TABLE_SPEC_VERSION
-    from ravex.format.chunktable import ROW_BYTES
-    from ravex.format.tabledelta import TABLE_MIN_CHUNKS
-    from ravex.format.writer import PACK_MAX_CHUNK_BYTES
+    from ravex.format.objects.chunktable import ROW_BYTES
+    from ravex.format.objects.tabledelta import TABLE_MIN_CHUNKS
+    from ravex.format.writing.writer import PACK_MAX_CHUNK_BYTES
 
     section = spec_section("Manifest").split("### 5.1", 1)[1]
     columns = _spec_columns()
@@ -765,7 +766,7 @@ def test_an_array_entry_holds_exactly_one_of_chunks_and_table(table_store: tuple
 
 def test_lease_document_is_the_spec_table(tmp_path: Path) -> None:
     from ravex.format import open_store
-    from ravex.format.leases import (
+    from ravex.format.history.leases import (
         LEASE_FORMAT,
         LEASE_VERSION,
         MAX_STALE_SECONDS,

@@ -20,9 +20,9 @@ from stores import write_run  # noqa: E402
 @pytest.fixture(autouse=True)
 def _fixed_clock(monkeypatch):
     """Manifests carry their creation time; fix it so that output (and snapshots) repeat."""
-    import ravex.format.clock
+    import ravex.format.history.clock
 
-    monkeypatch.setattr(ravex.format.clock, "now_iso", lambda: "2026-12-01T12:00:00.000+00:00")
+    monkeypatch.setattr(ravex.format.history.clock, "now_iso", lambda: "2026-12-01T12:00:00.000+00:00")
 
 
 @pytest.fixture

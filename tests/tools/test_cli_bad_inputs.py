@@ -19,7 +19,7 @@ import pytest
 from ravex.cli import main
 from ravex.errors import ConfigError
 from ravex.format import open_store
-from ravex.format.names import manifest_key, object_key
+from ravex.format.objects.names import manifest_key, object_key
 from ravex.runtime.config import RavexConfig
 
 

@@ -13,9 +13,9 @@ from stores import corrupt_object_of, write_run
 from ravex.cli.common import UsageError, default_store, split_step
 from ravex.errors import ConfigError
 from ravex.format import open_store
-from ravex.format.diff import diff
-from ravex.format.summary import chunk_sharing, summarize_steps, tensor_stats
-from ravex.format.validate import validate
+from ravex.format.reports.diff import diff
+from ravex.format.reports.summary import chunk_sharing, summarize_steps, tensor_stats
+from ravex.format.reports.validate import validate
 from ravex.tui.formatting import (
     bar,
     chunk_map,
@@ -94,7 +94,7 @@ def test_diff_reports_progress_as_it_measures_changed_tensors(tmp_path):
 def test_a_rechunked_tensor_with_equal_values_is_unchanged(tmp_path):
     """Chunked differently in two steps, a tensor differs in every raw digest; read, its values are
     the same: unchanged, with no chunk changed, in the diff and in the measure of one tensor alike."""
-    from ravex.format.diff import TensorDiff, compare_tensor
+    from ravex.format.reports.diff import TensorDiff, compare_tensor
 
     store = open_store(tmp_path / "s", create=True)
     x = np.arange(4096, dtype="float32").reshape(64, 64)
@@ -164,7 +164,7 @@ def test_step_names_and_default_store(tmp_path):
 
 
 def test_large_tensors_stream_in_blocks_with_the_same_statistics(tmp_path, monkeypatch):
-    import ravex.format.summary as fi
+    import ravex.format.reports.summary as fi
 
     store = open_store(tmp_path / "s", create=True)
     x = np.random.default_rng(5).standard_normal((300, 7)).astype("float32")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ravex.format import open_store
-from ravex.format.runs import GitState, RunRecord, write_run
+from ravex.format.history.runs import GitState, RunRecord, write_run
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "spec" / "example"
 LOSSES = {1: 2.5, 2: 0.1 + 0.2, 3: float("nan"), 4: None}  # step 4: a run that saw no backward()

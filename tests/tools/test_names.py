@@ -11,7 +11,7 @@ import pytest
 
 from ravex.cli import main
 from ravex.format import open_store
-from ravex.format.sections import is_bookkeeping, named, object_names
+from ravex.format.steps.sections import is_bookkeeping, named, object_names
 from ravex.tui.model import step_leaves
 
 

@@ -7,7 +7,8 @@ and rename, :mod:`.atomic`); :class:`FsspecStorage` (:mod:`.fsspec_store`) serve
 other fsspec URL (``s3://``, ``gs://``, ``memory://``), where a single PUT is already
 atomic, and retries transient faults under one :class:`RetryPolicy` (:mod:`.retry`,
 :mod:`.faults`). ``FileNotFoundError`` from a read stays what it is; every other error
-reaches the caller as :class:`~ravex.format.errors.StorageError`.
+reaches the caller as :class:`~ravex.format.errors.StorageError`. The options of S3-compatible
+stores (endpoint, credentials) are :mod:`.remote`'s.
 """
 
 from __future__ import annotations

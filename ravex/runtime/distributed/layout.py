@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from ravex.format import ArrayRef
-from ravex.format.reshard import aligned_chunk_rows, shard_rows
+from ravex.format.writing.reshard import aligned_chunk_rows, shard_rows
 from ravex.saving.backend import LoadedStep
 from ravex.saving.dtypes import as_tensor
 from ravex.saving.plan import RankLayout, RowShard
