@@ -524,10 +524,11 @@ def _stores(node: ast.AST) -> frozenset[str]:
     return frozenset(found)
 
 
-#: methods that change a list, dict, set or deque in place: ``results.append(x)`` in a loop
-#: carries ``results`` as surely as ``total += x`` carries ``total``
-_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault", "appendleft", "extendleft",
-                       "pop", "popleft", "remove", "discard", "clear"})
+#: methods that grow a list, dict or deque in place: ``results.append(x)`` in a loop carries
+#: ``results`` as surely as ``total += x`` carries ``total``. Not ``update``, ``add`` or ``pop``:
+#: objects of every kind have those (``scaler.update()``, ``meter.update(v)``), and a loop
+#: calling one would be said to carry what no checkpoint holds
+_MUTATORS = frozenset({"append", "extend", "insert", "setdefault", "appendleft", "extendleft"})
 
 
 def _changes(node: ast.AST) -> frozenset[str]:
