@@ -9,7 +9,6 @@ noisy neighbour slows all of them alike; figures are medians and ratios.
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import numpy as np
 from . import contenders as C
 from . import limits as L
 from . import state as S
+from .active import free
 from .util import (
     GIB,
     MIB,
@@ -50,10 +50,6 @@ class Config:
 
 def _arrays(tree: Any) -> list[np.ndarray]:
     return [v for v in S.flatten(tree).values() if isinstance(v, np.ndarray)]
-
-
-def _free() -> None:
-    gc.collect()
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -99,11 +95,11 @@ def run(cfg: Config) -> dict[str, Any]:
             results["sweep"] = _sweep(cfg, tree)
         # the loads need only the files and their own targets: free the training state first
         del state, tree, arrays, dense
-        _free()
+        free()
         if loads:
             _reads(cfg, loads, nbytes, results, cold_ok)
             del loads
-            _free()
+            free()
     finally:
         for path in keep.values():
             remove(path)
@@ -131,9 +127,9 @@ def _limits(cfg: Config, arrays: list[np.ndarray]) -> dict[str, Any]:
         copies = L.copy_fresh(arrays)
         fresh.times.append(time.perf_counter() - t0)
         del copies
-        _free()
+        free()
     del dst
-    _free()
+    free()
     cpu = L.cpu_rates(arrays, cfg.reps, min(nbytes, 256 * MIB))
     return {
         "copy_into_reused_buffers": reused.to_json(nbytes),
@@ -300,7 +296,7 @@ def _check_ravex_roundtrip(keep: dict[str, str], tree: Any) -> None:
         if bad:
             raise AssertionError(f"{name}: {len(bad)} tensors differ after a round trip, e.g. {bad[:3]}")
         del got
-        _free()
+        free()
 
 
 # ---- delta ------------------------------------------------------------------------------------
@@ -427,7 +423,7 @@ def _delta_frozen(cfg: Config) -> dict[str, Any]:
     )
     remove(root)
     del ft, before, tree2
-    _free()
+    free()
     return out
 
 

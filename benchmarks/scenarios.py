@@ -19,7 +19,6 @@ ratios. The machine is shared: absolute seconds are context, ratios are the figu
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import statistics
@@ -35,7 +34,9 @@ import torch.distributed.checkpoint as dcp
 from . import contenders as C
 from . import limits as L
 from . import state as S
+from .active import Active, free
 from .format_bench import _rotated
+from .state import SparseTable
 from .util import GIB, MIB, Timed, apparent_size, du, remove
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -64,10 +65,6 @@ class Config:
     settle: bool = True  # os.sync() before each timed write, as the format suite does (not in --quick)
     sections: tuple[str, ...] = RUNTIME + SCENARIOS
     log: Any = print
-
-
-def _free() -> None:
-    gc.collect()
 
 
 def _t(fn: Any) -> float:
@@ -103,86 +100,6 @@ def _median_ci95(xs: list[float], draws: int = 2000) -> tuple[float, float]:
 
 def _r(x: float, n: int = 4) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, n)
-
-
-# ---- the runtime, as a user turns it on ------------------------------------------------------
-
-
-class Active:
-    """``ravex.activate()`` on the objects alive now, checkpointing only when asked.
-
-    The commit's figures (CommitStats) are taken from the background writer's result, by
-    wrapping the saver's write callable on this instance (Ravex itself is not changed)."""
-
-    def __init__(self, store: str, collect: bool = True, registered: tuple[tuple[str, Any], ...] | None = None,
-                 **overrides: Any) -> None:
-        """``registered``: instead of ``activate()``'s scan of the heap for objects built before
-        it, start the runtime as ``ravex enable``'s hook does at ``import torch`` (nothing to
-        scan) and register these ``(kind, object)`` pairs as the patched constructors would
-        have while they were built."""
-        self.store = store
-        self.collect = collect
-        self.registered = registered
-        self.overrides = {
-            "storage": store, "checkpoint_every": 10**9, "keep_last": None, "resume": "never",
-            "checkpoint_on_exit": False, "checkpoint_on_signal": [], "log_level": "WARNING", **overrides,
-        }
-        self.results: list[dict[str, Any]] = []
-
-    def __enter__(self) -> Active:
-        import ravex
-
-        if self.collect:
-            _free()  # cyclic garbage of earlier scenarios must not be scanned as live objects
-        if self.registered is None:
-            self.rt = ravex.activate(**self.overrides)
-        else:
-            from ravex.runtime import lifecycle
-            from ravex.runtime.config import RavexConfig
-
-            self.rt = lifecycle.start(RavexConfig.load(self.overrides), scan_existing=False)
-            for kind, obj in self.registered:
-                self.rt.registry.add(kind, obj)
-        saver = self.rt.backend._saver
-        inner = saver._write
-
-        def write(job: Any) -> dict[str, Any]:
-            result = inner(job)
-            self.results.append(result)
-            return result
-
-        saver._write = write
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import ravex
-
-        ravex.deactivate()
-        self.registered = None  # this object may outlive the run: it must not keep a model alive
-
-    def checkpoint(self) -> dict[str, Any]:
-        """``ravex.checkpoint()`` then ``ravex.flush()``: what the loop paid and what it took to durable."""
-        import ravex
-
-        n = len(self.results)
-        t0 = time.perf_counter()
-        ok = ravex.checkpoint()
-        call = time.perf_counter() - t0
-        stall = dict(self.rt.last_stall or {})
-        ravex.flush()
-        durable = time.perf_counter() - t0
-        st = ravex.status()
-        if not ok or len(self.results) != n + 1 or st.get("last_error"):
-            raise RuntimeError(f"ravex checkpoint failed: {st.get('last_error')}")
-        stats = self.results[-1]["stats"]
-        return {
-            "call_s": call, "wait_s": stall.get("wait", 0.0), "stage_s": stall.get("stage", 0.0),
-            "stall_s": stall.get("wait", 0.0) + stall.get("stage", 0.0), "durable_s": durable,
-            "background_s": durable - call, "new_bytes": stats.new_bytes, "reused_bytes": stats.reused_bytes,
-            "logical_bytes": stats.logical_bytes, "manifest_bytes": stats.manifest_bytes,
-            "inline_bytes": stats.inline_bytes, "new_chunks": stats.new_chunks, "chunks": stats.chunks,
-            "seconds": {k: round(v, 4) for k, v in stats.seconds.items()},
-        }
 
 
 def dcp_async(state: Any, path: str) -> tuple[float, float]:
@@ -266,7 +183,7 @@ def _bandwidth_pairs(cfg: Config, dense: Any, act: Active, nbytes: int, root: st
                 dt = _t(lambda: ways[name](path))  # noqa: B023 (called at once)
                 remove(path)
             out[name].append(dt)
-            _free()
+            free()
         cfg.log(f"  pair {k + 1}/{cfg.a_pairs} " + "  ".join(f"{n.removeprefix('disk: ')} {v[-1]:.3f} s"
                                                              for n, v in out.items()))
     return out
@@ -338,7 +255,7 @@ def a_stall(cfg: Config) -> dict[str, Any]:
                     keep[name] = path
                 else:
                     remove(path)
-                _free()
+                free()
         pairs = _bandwidth_pairs(cfg, dense, act, nbytes, root, disk_names)
     med = {n: blocking[n].median for n in names}
     stall = med["ravex.checkpoint"]
@@ -415,7 +332,7 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
         with Active(kept["ravex"]) as act:
             act.checkpoint()
         del dense, st
-        _free()
+        free()
     nbytes = apparent_size(kept["torch.save"])
     reps = max(cfg.reps, cfg.e_reps)
     log(f"(e) load: {nbytes / MIB:.0f} MiB, warm page cache, {reps} reps ...")
@@ -470,7 +387,7 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
 
     for _name, path, fn in entries:  # warm: every file read once before any timing
         _timed_load(fn, path)
-        _free()
+        free()
     tm = {n: Timed() for n, _, _ in entries}
     split["activate"].clear()
     split["read_restore"].clear()
@@ -479,7 +396,7 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
             dt = _timed_load(fn, path)
             tm[name].times.append(dt)
             log(f"  rep {rep + 1}/{reps} {name:<40} {dt:7.3f} s")
-            _free()
+            free()
     base = tm["torch.load"].median
     base_resume = tm["resume: torch.load + load_state_dict"].median
     out: dict[str, Any] = {"bytes": nbytes, "steps_in_store": len(step), "page_cache": "warm"}
@@ -580,7 +497,7 @@ def f_patch_overhead(cfg: Config) -> dict[str, Any]:
                         pair["on"] = block(cfg.overhead_steps)
                         steps_seen = act.rt.step
                 else:
-                    _free()
+                    free()
                     pair["off"] = block(cfg.overhead_steps)
             if i < 6:
                 for which in ("off", "on"):
@@ -704,37 +621,6 @@ def bd_frozen(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
 # ---- (c) sparse embedding ---------------------------------------------------------------------
 
 
-class SparseTable:
-    """``nn.Embedding(sparse=True)`` + ``SparseAdam``; each interval updates ~1% of the rows,
-    drawn without replacement with Zipf(s) weights over a fixed random order of the rows
-    (hot ids are scattered over the table, as hashed ids are)."""
-
-    def __init__(self, rows: int, dim: int, frac: float = 0.01, s: float = 1.05, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.emb = torch.nn.Embedding(rows, dim, sparse=True)
-        self.opt = torch.optim.SparseAdam(self.emb.parameters(), lr=1e-3)
-        self.rng = np.random.default_rng(seed)
-        self.perm = self.rng.permutation(rows)
-        self.logp = -s * np.log(np.arange(1, rows + 1, dtype=np.float64))
-        self.k = max(1, int(rows * frac))
-        self.interval()  # SparseAdam's moments exist from here on
-
-    def interval(self) -> np.ndarray:
-        # Gumbel top-k: k distinct rows, each drawn with probability proportional to its Zipf weight
-        keys = self.logp - np.log(-np.log(self.rng.random(self.logp.size)))
-        ranks = np.argpartition(keys, -self.k)[-self.k:]
-        ids = torch.from_numpy(self.perm[ranks])
-        loss = self.emb(ids).square().sum()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return ids.numpy()
-
-    def torch_state(self) -> dict[str, Any]:
-        return {"model": self.emb.state_dict(), "optim": self.opt.state_dict()}
-
-
 def _refs_bytes(store: str, step: int) -> int:
     """Bytes of a step's ``refs.json`` (the fsspec view the writer adds to every step): written
     per checkpoint like the manifest, so counted apart and reported beside it."""
@@ -781,7 +667,7 @@ def c_sparse(cfg: Config) -> dict[str, Any]:
     written = _med([r["new_bytes"] + r["manifest_bytes"] for r in runs])
     with_refs = _med([r["new_bytes"] + r["manifest_bytes"] + r["refs_bytes"] for r in runs])
     del tab
-    _free()
+    free()
     remove(root)
 
     # the same workload on a smaller table (same row size, same 1%), per chunk size, through the
@@ -817,7 +703,7 @@ def c_sparse(cfg: Config) -> dict[str, Any]:
         log(f"    chunk {chunk >> 10:>6} KiB: {got[0][4] / wb:6.2f}x fewer bytes ({got[0][4] / wr:5.2f}x with "
             f"refs.json), commit {_med([g[3] for g in got]):.3f} s")
         del tab
-        _free()
+        free()
     meets = [r["chunk_bytes"] for r in sweep if (r["full_over_written"] or 0) >= 6]
     return {
         "table": {"rows": rows, "dim": dim, "dtype": "float32", "rows_changed_per_interval": runs[0]["rows_changed"],

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scenarios import Active, SparseTable, _free
+from .active import Active, free
+from .state import SparseTable
 from .util import remove
 
 FORMS = {"table": True, "map": False}
@@ -59,7 +60,7 @@ def _round(cfg: Config, form: str) -> list[dict[str, Any]]:
                             "new_bytes": r["new_bytes"], "chunks": r["chunks"], "rows_changed": int(ids.size)})
     finally:
         del tab
-        _free()
+        free()
         remove(store)
     return out
 

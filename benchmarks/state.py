@@ -153,3 +153,34 @@ def empty_like_tree(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(empty_like_tree(v) for v in tree)
     return tree
+
+
+class SparseTable:
+    """``nn.Embedding(sparse=True)`` + ``SparseAdam``; each interval updates ~1% of the rows,
+    drawn without replacement with Zipf(s) weights over a fixed random order of the rows
+    (hot ids are scattered over the table, as hashed ids are)."""
+
+    def __init__(self, rows: int, dim: int, frac: float = 0.01, s: float = 1.05, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(rows, dim, sparse=True)
+        self.opt = torch.optim.SparseAdam(self.emb.parameters(), lr=1e-3)
+        self.rng = np.random.default_rng(seed)
+        self.perm = self.rng.permutation(rows)
+        self.logp = -s * np.log(np.arange(1, rows + 1, dtype=np.float64))
+        self.k = max(1, int(rows * frac))
+        self.interval()  # SparseAdam's moments exist from here on
+
+    def interval(self) -> np.ndarray:
+        # Gumbel top-k: k distinct rows, each drawn with probability proportional to its Zipf weight
+        keys = self.logp - np.log(-np.log(self.rng.random(self.logp.size)))
+        ranks = np.argpartition(keys, -self.k)[-self.k:]
+        ids = torch.from_numpy(self.perm[ranks])
+        loss = self.emb(ids).square().sum()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return ids.numpy()
+
+    def torch_state(self) -> dict[str, Any]:
+        return {"model": self.emb.state_dict(), "optim": self.opt.state_dict()}
