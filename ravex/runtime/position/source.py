@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 _Scope = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
@@ -505,22 +505,30 @@ def _names(target: ast.AST) -> list[str]:
     return []
 
 
+_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+           ast.DictComp, ast.GeneratorExp)
+
+
+def _own_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node inside ``node`` but those of nested functions, classes and comprehensions
+    (their names are their own)."""
+    todo = [node]
+    while todo:
+        for child in ast.iter_child_nodes(todo.pop()):
+            if not isinstance(child, _NESTED):
+                yield child
+                todo.append(child)
+
+
 def _stores(node: ast.AST) -> frozenset[str]:
     """Every name assigned inside ``node``, outside nested functions and classes."""
     found: set[str] = set()
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        for child in ast.iter_child_nodes(current):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
-                                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-                continue
-            if isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
-                found.add(child.id)
-            elif (isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name)
-                  and isinstance(child.ctx, ast.Store)):
-                found.add(f"{child.value.id}.{child.attr}")
-            todo.append(child)
+    for child in _own_nodes(node):
+        if isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
+            found.add(child.id)
+        elif (isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name)
+              and isinstance(child.ctx, ast.Store)):
+            found.add(f"{child.value.id}.{child.attr}")
     return frozenset(found)
 
 
@@ -535,20 +543,13 @@ def _changes(node: ast.AST) -> frozenset[str]:
     """What ``node`` changes (outside nested functions and classes): the names it assigns
     (:func:`_stores`), and those it changes in place (``results.append(x)``, ``seen[k] = v``)."""
     found = set(_stores(node))
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        for child in ast.iter_child_nodes(current):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
-                                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-                continue
-            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
-                    and isinstance(child.func.value, ast.Name) and child.func.attr in _MUTATORS):
-                found.add(child.func.value.id)
-            elif (isinstance(child, ast.Subscript) and isinstance(child.value, ast.Name)
-                  and isinstance(child.ctx, (ast.Store, ast.Del))):
-                found.add(child.value.id)
-            todo.append(child)
+    for child in _own_nodes(node):
+        if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                and isinstance(child.func.value, ast.Name) and child.func.attr in _MUTATORS):
+            found.add(child.func.value.id)
+        elif (isinstance(child, ast.Subscript) and isinstance(child.value, ast.Name)
+              and isinstance(child.ctx, (ast.Store, ast.Del))):
+            found.add(child.value.id)
     return frozenset(found)
 
 
