@@ -123,7 +123,9 @@ class LoopPosition:
         for f in frames.user_frames(frame):
             code = f.f_code
             place = source.place(code.co_filename, code.co_name, code.co_firstlineno, f.f_lineno, "call")
-            if f is not frame and place is not None and place.loops:
+            if place is not None and place.loops:
+                if f is frame:
+                    return  # a loop of its own draws: the position failed for another reason, said where it did
                 loops.append(f"{os.path.basename(code.co_filename)}:{place.loops[-1].line}")
         if not loops:
             return
