@@ -20,6 +20,7 @@ separate hash pass of 0.036-0.064 CPU-s over memory (benchmarks/RESULTS.md (h), 
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -36,7 +37,7 @@ _copy = np.copyto  # (a name of this module, so that a test can make a piece fai
 #: Largest piece of one tensor's bytes a thread takes at a time.
 PIECE_BYTES = 8 << 20
 #: The page size: what one store faults in
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PAGE_BYTES = mmap.PAGESIZE
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))  # a CPU-limited container: the cores it may use
