@@ -39,7 +39,7 @@ from .chunking import chunk_bytes_for
 from .config import RavexConfig
 from .distributed import collectives, layout
 from .loss import LastLoss
-from .plan import collect, staged_sizes
+from .plan import collect, drained_ahead, staged_sizes
 from .position import Loop, main_loop_site
 from .registry import KINDS, LoaderState
 from .resume import Resume
@@ -206,7 +206,7 @@ class Cadence(Resume):
         self._clear_forward_hook()
         self.loop_position.head_frame = frame
         try:
-            self._boundary(None)
+            self._boundary(drained_ahead(self.registry))
         finally:
             self.loop_position.head_frame = None
 
@@ -424,7 +424,8 @@ class Cadence(Resume):
         if self.loops:
             frame, mode = position.innermost_frame(sys._getframe(1)), "loop"
         elif self.loop_position.head_frame is not None:
-            frame, mode = self.loop_position.head_frame, "head"
+            frame = self.loop_position.head_frame
+            mode = "drawn" if st is not None else "head"
         elif st is not None:
             frame, mode = position.innermost_frame(sys._getframe(1)), "header"
         else:

@@ -133,6 +133,18 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
     return tree
 
 
+def drained_ahead(registry: Registry) -> LoaderState | None:
+    """The loader a wrapper drained ahead of the loop, where the batch the loop just drew is
+    one the wrapper still counts as held: a checkpoint at the loop's head is then the loop's
+    header (``"drawn"``, :func:`.position.capture.capture`), taken in that loader's epoch,
+    whose next draw a rerun's loader gives back, as at a DataLoader's ``next()``."""
+    for loader in registry.live("loaders"):
+        st = registry.state_of(loader)
+        if st is not None and st.exhausted and held(st) > 0:
+            return st
+    return None
+
+
 def script_names() -> dict[int, str]:
     """``id(object)`` -> the name of a module global of the main script bound to it."""
     main = sys.modules.get("__main__")

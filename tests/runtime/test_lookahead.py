@@ -47,11 +47,13 @@ def test_a_look_ahead_resumes_after_an_epoch_end(tmp_path, tmp_path_factory, ahe
 
 def test_a_queue_resumes_from_a_checkpoint_taken_while_it_drains(tmp_path, tmp_path_factory):
     """Epoch 1's loader runs out when the queue hands out its 7th batch (step 15's); the
-    checkpoint of step 15 holds 7 consumed, and the rerun's queue yields the 8th."""
+    checkpoint of step 15, taken where the loop has drawn the 8th from the draining queue,
+    holds 7 consumed and the loop waiting on its ``for``: the rerun's queue yields the 8th."""
     env = {"T_AHEAD": "2"}
     second = kill_then_resume(tmp_path, tmp_path_factory, env, f"step:{2 * PER_EPOCH}", EVERY)
     assert second.resumed_from == 15
     second.assert_verified()
+    assert f"STEPS {STEPS}" in second.stdout, second.explain()  # the loop's counter, carried
 
 
 @pytest.mark.parametrize("ahead", ["2", "accelerate"])

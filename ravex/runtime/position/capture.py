@@ -2,7 +2,9 @@
 
 A checkpoint is taken between two iterations of the script's training loop: at the
 DataLoader's ``next()`` (the loop's header, ``"header"``) or, for a loop without one, at the
-first line of its body (``"head"``, found by :class:`.headwatch.HeadWatch`). :func:`capture`
+first line of its body (``"head"``, found by :class:`.headwatch.HeadWatch`; where the batch
+its ``for`` just drew is one a wrapper ahead of the loader still holds, ``"drawn"``, recorded
+as the loop's header). :func:`capture`
 records, for every frame of the main script on the stack, the loops around its line (from
 the source, :mod:`.source`), the values a ``for`` of each outer loop had bound
 (``epoch = 3``) and the variables the loops carry (:func:`.source.place`'s live set);
@@ -30,17 +32,28 @@ from .ending import ending
 
 def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[str, Any] | None, list[str]]:
     """The script's position with ``frame`` (the innermost main-script frame) at ``mode``
-    (``"head"`` or ``"header"``): the subtree a checkpoint stores, or None where the loops
-    cannot be re-entered; and the loop variables that could not be saved."""
+    (``"head"``, ``"header"`` or ``"drawn"``): the subtree a checkpoint stores, or None where
+    the loops cannot be re-entered; and the loop variables that could not be saved.
+
+    ``"drawn"`` is a head whose ``for`` drew an item the look-ahead rule counts as not
+    consumed (a wrapper that drained its loader handed it over): recorded as that loop's
+    header, whose next draw a rerun's loader gives back."""
     stack = frames.user_frames(frame)
     if not stack or stack[-1] is not frame:
         return None, []
+    line = frame.f_lineno
+    if mode == "drawn":
+        code = frame.f_code
+        head = source.place(code.co_filename, code.co_name, code.co_firstlineno, line, "head")
+        drawn_by_for = head is not None and head.loops and head.loops[-1].kind == "for"
+        mode, line = ("header", head.loops[-1].line) if head and drawn_by_for else ("head", line)
     recorded = []
     unsaved: list[str] = []
     for f in stack:
         at = mode if f is frame else "call"
         code = f.f_code
-        place = source.place(code.co_filename, code.co_name, code.co_firstlineno, f.f_lineno, at)
+        lineno = line if f is frame else f.f_lineno
+        place = source.place(code.co_filename, code.co_name, code.co_firstlineno, lineno, at)
         if place is None or not place.exact:
             return None, []
         loops = []
@@ -59,7 +72,7 @@ def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[
             loops.append({"line": site.line, "body": site.body, "kind": site.kind, "targets": targets})
         carried = place.live | _method_stores(f, place)
         recorded.append({"code": frames.code_key(code), "file": _file_key(code.co_filename),
-                         "line": f.f_lineno, "loops": loops,
+                         "line": lineno, "loops": loops,
                          "variables": _variables(f, carried, wanted, unsaved)})
     if not any(r["loops"] for r in recorded):
         return None, []
