@@ -27,7 +27,7 @@ stage stops it after the piece in hand, takes what is ready and allocates the re
 as it always did: the first stall is never longer than without it.
 
 **Digests computed as the bytes are copied.** For the format backend, each large CPU tensor
-is copied chunk by chunk as the writer will chunk it (``ravex.format.writing.writer.hashed_chunk_len``)
+is copied chunk by chunk as the writer will chunk it (``ravex.format.writing.planning.hashed_chunk_len``)
 and each chunk hashed as it lands (:mod:`.copier`); :attr:`Stager.known` hands the digests to
 the commit, which then does not read the staged bytes a second time to hash them. A tensor
 skipped as unchanged keeps its buffer and so its digests; any other way a buffer is filled
@@ -62,7 +62,7 @@ from ravex.format.objects.hashing import KnownDigests
 from ravex.format.objects.names import array_name
 from ravex.format.objects.values import PLAIN_TYPES, all_plain
 from ravex.format.storage.direct import ALIGN
-from ravex.format.writing.writer import DEFAULT_CHUNK_BYTES, hashed_chunk_len
+from ravex.format.writing.planning import DEFAULT_CHUNK_BYTES, hashed_chunk_len
 
 from .copier import Copier, byte_view, touch
 from .dtypes import numpy_view
