@@ -66,11 +66,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .loop import TrainingLoss
 from .plugin import GLOBAL_STEP_KEY, PACKAGES, RavexCheckpointIO, ZeroCodeIO, _register, from_tree, to_tree
 from .pointers import POINTER_FORMAT, Ref, read_pointer, write_pointer
 from .settings import ZeroCode
-from .zerocode import LightningRuntime, Replace, _start, install
+from .zerocode import LightningRuntime, Replace, TrainingLoss, _start, install
 
 EXTRA = "ravex[lightning]"
 

@@ -9,15 +9,10 @@ import math
 import os
 import re
 import weakref
-from typing import Any, Protocol
+from typing import Any
 
 from .plugin import RavexCheckpointIO
 from .settings import ZeroCode
-
-
-class TrainingLoss(Protocol):
-    def value(self) -> float | None: ...
-
 
 
 class _EveryN:

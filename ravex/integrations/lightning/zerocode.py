@@ -18,12 +18,16 @@ from ravex.format import CheckpointStore, open_store
 from ravex.format.history.timelines import split_ref
 from ravex.saving.backend import LIGHTNING_KEY
 
-from .loop import _PATCHED, TrainingLoss, _EveryN, _loader_iter
+from .loop import _PATCHED, _EveryN, _loader_iter
 from .plugin import GLOBAL_STEP_KEY, PACKAGES, RavexCheckpointIO, ZeroCodeIO, _register
 from .pointers import Ref, _ref, write_pointer
 from .settings import ZeroCode
 
 Replace = Callable[[Any, str, Callable[[Any], Any]], None]
+
+
+class TrainingLoss(Protocol):
+    def value(self) -> float | None: ...
 
 
 class LightningRuntime(Protocol):
