@@ -43,7 +43,9 @@ if TYPE_CHECKING:
     from .steps.reader import ArrayRef, StepReader
     from .steps.refs import write_refs
     from .store import CheckpointStore, open_store
-    from .writing.writer import ArrayShard, CommitStats, StepWriter
+    from .writing.planning import ArrayShard
+    from .writing.stats import CommitStats
+    from .writing.writer import StepWriter
 
 #: name -> the submodule that defines it, imported on first access
 _LAZY: dict[str, str] = {
@@ -57,8 +59,8 @@ _LAZY: dict[str, str] = {
     "open_store": "store",
     "open_tensorstore": "interop.tensorstore_spec",
     "tensorstore_spec": "interop.tensorstore_spec",
-    "ArrayShard": "writing.writer",
-    "CommitStats": "writing.writer",
+    "ArrayShard": "writing.planning",
+    "CommitStats": "writing.stats",
     "StepWriter": "writing.writer",
     "StepStore": "interop.zarr_store",
 }

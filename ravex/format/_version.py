@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from .errors import FormatVersionError
+from .errors import FormatVersionError, ManifestError
 
 FORMAT_NAME = "ravex"
 #: Written into every ``ravex.json`` and manifest. Minor versions only add fields.
@@ -25,3 +26,15 @@ def check_version(version: object, where: str) -> None:
             f"{where}: written with Ravex format {version}, this reader understands "
             f"{SUPPORTED_MAJOR}.x only; upgrade ravex to read it"
         )
+
+
+def check_header(doc: Any, where: str, fmt: str, not_ours: str, field: str, expected: str, unknown: str) -> None:
+    """The checks a manifest or a witness passes before its body is read: a JSON object of format
+    ``fmt`` (else ``not_ours``), of a major version this reader knows (:func:`check_version`), whose
+    ``field`` names the ``expected`` algorithm (else ``unknown``, with ``{got}`` the value found).
+    Each is a :class:`ManifestError` (or :class:`FormatVersionError`) naming ``where``."""
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise ManifestError(f"{where}: {not_ours}")
+    check_version(doc.get("version"), where)
+    if doc.get(field) != expected:
+        raise ManifestError(f"{where}: " + unknown.format(got=repr(doc.get(field))))

@@ -1,6 +1,6 @@
 """Ravex behind other libraries' checkpoint interfaces.
 
-Each integration is a module of its own, imported only by whoever uses it, so importing
+Each integration is a module (or package) of its own, imported only by whoever uses it, so importing
 this package costs nothing (in particular, no torch):
 
 - :mod:`ravex.integrations.dcp`: ``torch.distributed.checkpoint`` storage

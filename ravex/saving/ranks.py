@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ravex.format import ArrayShard
+from ravex.format.writing.planning import DEFAULT_CHUNK_BYTES, rows_per_chunk
 from ravex.format.writing.reshard import shard_rows
-from ravex.format.writing.writer import DEFAULT_CHUNK_BYTES, rows_per_chunk
 
 from .plan import RankLayout, RowShard
 from .tree import leaves, tree_map

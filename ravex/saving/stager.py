@@ -27,7 +27,7 @@ stage stops it after the piece in hand, takes what is ready and allocates the re
 as it always did: the first stall is never longer than without it.
 
 **Digests computed as the bytes are copied.** For the format backend, each large CPU tensor
-is copied chunk by chunk as the writer will chunk it (``ravex.format.writing.writer.hashed_chunk_len``)
+is copied chunk by chunk as the writer will chunk it (``ravex.format.writing.planning.hashed_chunk_len``)
 and each chunk hashed as it lands (:mod:`.copier`); :attr:`Stager.known` hands the digests to
 the commit, which then does not read the staged bytes a second time to hash them. A tensor
 skipped as unchanged keeps its buffer and so its digests; any other way a buffer is filled
@@ -46,7 +46,6 @@ always staged.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -61,13 +60,21 @@ import torch
 from ravex.format.objects.hashing import KnownDigests
 from ravex.format.objects.names import array_name
 from ravex.format.objects.values import PLAIN_TYPES, all_plain
-from ravex.format.storage.direct import ALIGN
-from ravex.format.writing.writer import DEFAULT_CHUNK_BYTES, hashed_chunk_len
+from ravex.format.writing.planning import DEFAULT_CHUNK_BYTES, hashed_chunk_len
 
 from .copier import Copier, byte_view, touch
 from .dtypes import numpy_view
 from .logline import copied_text, fault_text
 from .plan import RowShard, SavingSettings
+from .staging.buffers import _aligned_block, _fits_block, _live, _staging_buffer
+from .staging.probes import (
+    _UNCOUNTED,
+    _has_fused_optimizer,
+    _identity,
+    _sample,
+    _sample_bytes,
+    _updated_by_hand,
+)
 
 logger = logging.getLogger("ravex")
 
@@ -109,34 +116,10 @@ class Stager:
     torch's in-place counter, shared by a tensor, its views and ``detach()`` (so the
     aliases ``state_dict()`` returns see the writes made through the parameter).
 
-    What bumps ``_version`` (measured on the installed torch, 2.14.1; see
-    ``tests/runtime/test_skip_unchanged.py``, which checks each row so that a torch
-    upgrade that changes one fails there): ``optimizer.step()`` of the for-loop and
-    ``foreach`` implementations (params, ``exp_avg``/``exp_avg_sq``/``momentum_buffer``,
-    ``step``), ``param.add_``/``param.copy_`` under ``no_grad``,
-    ``module.load_state_dict``, in-place ops on normal tensors under ``inference_mode``,
-    and a ``torch.compile``-d ``optimizer.step()`` (inductor bumps the inputs it mutates).
-
-    What does NOT bump it, so a skip could keep stale bytes:
-
-    * **fused optimizers** (``Adam/AdamW/SGD/Adagrad(fused=True)``): their kernels write
-      params and state without touching the counter (only ``step`` moves). A tree that
-      holds an optimizer ``state_dict`` with a ``fused`` param group is staged in full
-      every time, and the Stager says so once in the log. Third-party fused kernels
-      (apex, bitsandbytes) cannot be recognised that way: see the probe below.
-    * writes through ``.data`` (``p.data.mul_()``), through numpy views
-      (``p.detach().numpy()[:] = ...``, ``torch.from_numpy`` aliases), or via
-      ``set_``/``.data =`` swaps of the same storage;
-    * ``optimizer.load_state_dict()`` copies into its existing state tensors with the
-      counter unchanged;
-    * inference tensors (made under ``inference_mode``) have no counter at all: they are
-      always copied;
-    * parameters updated by hand (``p.data.add_(...)``) in a tree with models and no
-      optimizer: such a tree is staged in full every time;
-    * BatchNorm's ``running_mean``/``running_var``: the batch-norm kernels update them in
-      place with the counter unchanged, so every model with BatchNorm would trip the probe
-      below at each checkpoint. They are recognised by name and always copied (a few
-      floats a channel).
+    Some writes do not bump the counter (fused optimizers, ``.data`` and numpy writes,
+    ``optimizer.load_state_dict()``, BatchNorm's running statistics, parameters updated by
+    hand): :mod:`ravex.saving.staging.probes` lists them, measured, with the rules that stage
+    such trees and tensors in full. Inference tensors have no counter and are always copied.
 
     Three guards against those: (1) before a tensor is skipped, a handful of its elements
     (first, last and evenly spaced, compared bitwise) are checked against its buffer; a
@@ -375,7 +358,7 @@ class Stager:
                 del self._buffers[path]
                 self._digests.pop(path, None)
             if self.max_bytes is not None and self._held + size > self.max_bytes:
-                live = self._live(src)
+                live = _live(src, self.as_numpy)
                 if live is not None:  # over the cap: the writer reads it in place, the loop waiting
                     self._seen.pop(path, None)
                     self.live_bytes += size
@@ -403,18 +386,6 @@ class Stager:
             except TypeError:  # a storage that takes no weak reference: never skipped
                 pass
         return entry[1]
-
-    def _live(self, src: torch.Tensor) -> Any:
-        """``src`` as the writer can read it in place (a numpy view for the format), or None where
-        it must be staged anyway (CUDA, non-contiguous, conjugate or negative bits, no numpy view)."""
-        if src.device.type != "cpu" or byte_view(src) is None:
-            return None
-        if not self.as_numpy:
-            return src
-        try:
-            return numpy_view(src)
-        except (TypeError, RuntimeError, ValueError):
-            return None
 
     def _new_buffer(self, src: torch.Tensor, size: int) -> torch.Tensor:
         """A staging buffer for ``src``: one :meth:`prepare` made ready for its size, else a new one."""
@@ -508,23 +479,6 @@ class Stager:
         self.known = {}
 
 
-def _staging_buffer(src: torch.Tensor) -> torch.Tensor:
-    """A CPU buffer for ``src``'s bytes: pinned for a CUDA tensor, else numpy's memory.
-
-    numpy asks the kernel for huge pages on large allocations (``madvise``, which is what
-    these machines' transparent huge pages wait for) and torch does not: copies into such
-    a buffer took 12.1 ms against 13.2 ms for 200 MiB (fewer TLB misses), and the writer
-    reads them back faster too. It starts on a page (:data:`ALIGN`), so that a local store
-    writes its chunks straight from it to the disk (``ravex.format.storage.direct``).
-    """
-    if src.is_cuda and torch.cuda.is_available():
-        return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
-    nbytes = src.numel() * src.element_size()
-    if not _fits_block(src):
-        return torch.empty(src.shape, dtype=src.dtype, device="cpu")
-    return _aligned_block(nbytes).view(src.dtype).view(src.shape)
-
-
 #: :meth:`Stager.prepare` leaves tensors under this size to the first stage
 PREPARE_MIN_BYTES = 1 << 20
 #: :meth:`Stager.prepare` touches this much between looks at whether the first stage is due
@@ -565,86 +519,6 @@ def _lowest_priority() -> None:
         pass
 
 
-def _fits_block(src: torch.Tensor) -> bool:
-    """Whether ``src``'s buffer can be a view of an aligned byte block (dtypes a uint8 tensor
-    can be viewed as; complex and bool cannot)."""
-    return src.numel() > 0 and not src.dtype.is_complex and src.dtype != torch.bool
-
-
-def _aligned_block(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of numpy's memory as a flat uint8 tensor starting on a page (:data:`ALIGN`)."""
-    block = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    skip = -block.ctypes.data % ALIGN  # page-aligned: the writer can hand it to the disk as it is
-    return torch.from_numpy(block[skip:skip + nbytes])
-
-
-#: buffers that torch's kernels write without bumping ``_version``: never skipped
-_UNCOUNTED = ("running_mean", "running_var")
-
-
-def _identity(src: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
-    """``src``'s storage and what must not move for the staged bytes to still be its
-    bytes; None if untrackable (no counter, no storage: a wrapper subclass)."""
-    if src.is_inference():  # no version counter (its detach() reads 0 whatever is written)
-        return None
-    try:
-        return src.untyped_storage(), (src.data_ptr(), src.storage_offset(), tuple(src.shape), src.stride(),
-                                       src.dtype, src.device, src._version)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
-
-
 def _gather_on_device(src: torch.Tensor) -> bool:
     """Whether the probe gathers ``src``'s sample where it lives (batched to one transfer)."""
     return src.device.type != "cpu"
-
-
-@functools.lru_cache(maxsize=4096)
-def _positions(n: int, k: int) -> np.ndarray:
-    """``k`` flat positions out of ``n``: first, last and evenly spaced between."""
-    return np.arange(k, dtype=np.int64) * (n - 1) // (k - 1)
-
-
-def _sample(t: torch.Tensor, k: int) -> torch.Tensor:
-    """Up to ``k`` elements of ``t`` (first, last, evenly spaced), contiguous, on its device."""
-    n = t.numel()
-    if n <= k:
-        return t.reshape(-1).contiguous()
-    flat = _positions(n, k)
-    if t.is_contiguous():
-        return t.view(-1)[torch.from_numpy(flat).to(t.device)]
-    index = np.unravel_index(flat, tuple(t.shape))
-    return t[tuple(torch.from_numpy(i).to(t.device) for i in index)]
-
-
-def _sample_bytes(t: torch.Tensor, k: int) -> bytes:
-    """The bytes of :func:`_sample` of a CPU tensor, taken with numpy where it can view ``t``."""
-    try:
-        arr = numpy_view(t)
-    except (TypeError, RuntimeError, ValueError):  # conj/neg bits, dtypes numpy lacks
-        return _sample(t, k).view(torch.uint8).numpy().tobytes()
-    if arr.size <= k:
-        return arr.tobytes()
-    return arr.flat[_positions(arr.size, k)].tobytes()
-
-
-def _updated_by_hand(tree: Any) -> bool:
-    """Whether ``tree`` is a training tree with models and no optimizer: its parameters are
-    updated by hand, typically through ``.data`` (word_language_model's SGD), which bumps no
-    version counter and may change rows the probe does not sample (an embedding's)."""
-    return isinstance(tree, dict) and bool(tree.get("models")) and not tree.get("optimizers")
-
-
-def _has_fused_optimizer(tree: Any) -> bool:
-    """Whether ``tree`` holds an optimizer ``state_dict`` with a ``fused=True`` param group."""
-    stack = [tree]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            groups = value.get("param_groups")
-            if isinstance(groups, list) and any(isinstance(g, dict) and g.get("fused") for g in groups):
-                return True
-            stack.extend(v for v in value.values() if isinstance(v, (dict, list, tuple)))
-        elif isinstance(value, (list, tuple)) and not all_plain(value):
-            stack.extend(v for v in value if isinstance(v, (dict, list, tuple)))
-    return False

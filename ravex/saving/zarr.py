@@ -2,7 +2,7 @@
 
 A write is the commit of the step's manifest (:meth:`ZarrBackend._commit`) followed by the
 steps that need a committed step, each named: ``refs.json`` of the steps every rank has
-completed and the job's one log line for each (several ranks, rank 0: :meth:`ZarrBackend._settle`),
+completed and the job's one log line for each (several ranks, rank 0: :mod:`ravex.saving.steps.settler`),
 then retention (rank 0: one GC per store).
 
 Steps are written to one timeline (spec/FORMAT.md §19): the one a plain rerun continues
@@ -32,16 +32,15 @@ from ravex.format.history.leases import Holder, Lease
 from ravex.format.history.runs import write_run
 from ravex.format.history.timelines import split_ref
 from ravex.format.history.witness import Witness, read_witness, write_witness
-from ravex.format.reports.summary import read_manifest_header
 from ravex.format.steps.handoff import adopt_step, newest_own_step, pack_manifests, payload_timeline
 from ravex.format.steps.reader import RankReader
-from ravex.format.steps.refs import refs_worth_writing, write_refs
 
 from .backend import LIGHTNING_KEY, CheckpointBackend, LoadedStep
 from .load import read_refs
-from .logline import commit_text, failed_line, job_line
+from .logline import commit_text
 from .plan import SavingSettings
 from .ranks import place
+from .steps.settler import Settler
 from .witness_writer import WitnessWriter
 from .writer_thread import Job
 
@@ -49,14 +48,6 @@ logger = logging.getLogger("ravex")
 
 #: Sections of a multi-rank tree that each rank writes for itself (under ``rank-<r>``).
 PER_RANK = ("rng", "loaders", "script")
-
-#: Multi-rank steps rank 0 keeps checking for completeness (the newest ones): an older one still
-#: incomplete is reported failed on its missing ranks.
-PENDING_STEPS = 8
-#: Seconds rank 0 waits at close for the other ranks' last manifests (they flush at exit too):
-#: long enough for a write that ends with the job, short enough that a rank whose write failed
-#: delays the exit little.
-CLOSE_WAIT_S = 5.0
 
 
 class LeaseKeeper:
@@ -120,13 +111,12 @@ class ZarrBackend(CheckpointBackend):
         self.timeline = self.store.current()
         self._writer: Any = None
         self._run_id: str | None = None
-        self._pending: list[int] = []  # rank 0: multi-rank steps not yet seen complete
         self._run_recorded = False
         #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree
         self._fork_from: tuple[Any, int] | None = None
         self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
-        #: rank 0, several ranks: the job's line for the newest complete step
-        self.last_job_line: str | None = None
+        #: rank 0, several ranks: its steps not yet seen complete, and the job's line for each
+        self._settler = Settler(world_size, self.store.url)
         self._handed: tuple[int, Any] | None = None  # (step, its timeline's view) rank 0 handed over
         #: (step, its timeline's view, its reader) of the last multi-rank read_step: read again
         #: (the load after the loop-position peek) or handed over, it costs no request
@@ -194,7 +184,7 @@ class ZarrBackend(CheckpointBackend):
     def _write(self, job: Job) -> dict[str, Any]:
         result: dict[str, Any] = {"stats": self._commit(job)}
         if self.world_size > 1 and self.rank == 0:
-            self._settle(job.step)
+            self._settler.settle(self.timeline, job.step)
         if (self.config.keep_last or self.config.keep_every) and self.rank == 0:
             result["gc"] = self._retain(job.step)
         return result
@@ -230,61 +220,15 @@ class ZarrBackend(CheckpointBackend):
         except Exception as exc:
             logger.warning("ravex: the run record was not written (next checkpoint tries again): %s", exc)
 
-    def _settle(self, step: int | None = None) -> None:
-        """Rank 0, several ranks: for each step it wrote that is now complete (a step completes
-        when its slowest rank commits), ``refs.json`` and the job's one log line for it
-        (:func:`~ravex.saving.logline.job_line`, from the ranks' manifest headers: no collective
-        on the training thread). A step still incomplete is checked again after the next write
-        (and at :meth:`close`). Each rank writes its steps in order, one at a time, so a rank
-        that wrote a later complete step finished this one: an incomplete step older than a
-        complete one, or beyond the newest :data:`PENDING_STEPS`, failed on its missing ranks."""
-        if step is not None:
-            self._pending.append(step)
-        newest = -1
-        for pending in list(self._pending):
-            try:
-                complete = self.timeline.step_info(pending).complete
-            except Exception as exc:
-                logger.warning("ravex: step %d: whether every rank wrote it is unknown: %s", pending, exc)
-                self._pending.remove(pending)
-                continue
-            if complete:
-                self._pending.remove(pending)
-                newest = max(newest, pending)
-                self._complete(pending)
-        for pending in list(self._pending):
-            if pending < newest:
-                self._failed(pending, f"step {newest} is complete")
-            elif len(self._pending) > PENDING_STEPS:
-                self._failed(pending, f"{PENDING_STEPS} newer checkpoints were written since")
-
-    def _complete(self, step: int) -> None:
-        try:
-            if refs_worth_writing(self.timeline, step):
-                write_refs(self.timeline, step)
-        except Exception as exc:  # the step is readable without it
-            logger.warning("ravex: refs.json of step %d not written: %s", step, exc)
-        try:
-            headers = [read_manifest_header(self.timeline, step, r) for r in range(self.world_size)]
-        except Exception as exc:  # informative only
-            logger.info("ravex: checkpoint step %d (%d ranks) complete -> %s (figures unread: %s)",
-                        step, self.world_size, self.url, exc)
-            return
-        self.last_job_line = job_line(step, headers, self.url)
-        logger.info("%s", self.last_job_line)
-
-    def _failed(self, step: int, why: str) -> None:
-        self._pending.remove(step)
-        try:
-            ranks = set(self.timeline.step_info(step).ranks)
-        except Exception:
-            ranks = set()
-        missing = sorted(set(range(self.world_size)) - ranks)
-        logger.warning("%s", failed_line(step, self.world_size, missing, self.url, why))
+    @property
+    def last_job_line(self) -> str | None:
+        """Rank 0, several ranks: the job's line for the newest complete step."""
+        return self._settler.last_job_line
 
     def _log_line(self, line: str) -> None:
         """Several ranks: this rank's line only at DEBUG (it stays ``ravex.status()``'s
-        ``last_log_line``); rank 0 prints the job's line once the step is complete (:meth:`_settle`)."""
+        ``last_log_line``); rank 0 prints the job's line once the step is complete
+        (:class:`~ravex.saving.steps.settler.Settler`)."""
         if self.world_size > 1:
             logger.debug("%s", line)
         else:
@@ -356,14 +300,7 @@ class ZarrBackend(CheckpointBackend):
     def close(self) -> None:
         super().close()
         self._witnesses.close()
-        if self._pending:  # rank 0, several ranks: the last steps' lines, once the others finish
-            deadline = time.monotonic() + CLOSE_WAIT_S
-            self._settle()
-            while self._pending and time.monotonic() < deadline:
-                time.sleep(0.05)  # polling storage: the other ranks' manifests have no other signal
-                self._settle()
-            for step in list(self._pending):
-                self._failed(step, f"not complete {CLOSE_WAIT_S:.0f} s after rank 0's last write")
+        self._settler.close(self.timeline)
         self._drop_writer()
         self._release()
 

@@ -3,13 +3,17 @@
 Every read happens in a thread worker; each worker carries the selection it was started for
 and its result is dropped when the selection has moved on (the stale-result guard), so the UI
 never waits on storage and never shows an answer to an old question.
+
+This module is the app: the layout, the steps and timelines listed, the tensor tree, the diff it
+runs, and the keys. Each right-hand pane reads what it shows in workers of its own
+(:mod:`.details_pane`, :mod:`.diff_pane`, :mod:`.validate_pane`); the help is a screen
+(:mod:`.screens`); the parsed steps are :mod:`.readers`'.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import threading
-from collections import OrderedDict
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -18,57 +22,34 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
-from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, ProgressBar, Static, Tree
-from textual.worker import get_current_worker
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static, Tree
 
 from ravex.format import CheckpointStore, RavexError, StepReader, open_store
-from ravex.format.history.runs import RunRecord, read_run
+from ravex.format.history.runs import RunRecord
 from ravex.format.history.timelines import MAIN
-from ravex.format.reports.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff, step_values
+from ravex.format.reports.diff import TensorDiff, ValueDiff, change_order, compare_tensor, diff
 from ravex.format.reports.summary import StepSummary
-from ravex.format.reports.validate import Finding, ValidationReport, validate
+from ravex.format.reports.validate import Finding
 
 from . import heap
-from .formatting import display_path, one_line
+from .details_pane import DetailsPane
+from .diff_pane import DiffPane, TableRow
+from .formatting import one_line
+from .generation import Generation
 from .manifests import PiecewiseStore
-from .model import (
-    Leaf,
-    compute_details,
-    diff_cells,
-    filter_leaves,
-    render_details,
-    render_side,
-    render_step,
-    render_value,
-    render_value_side,
-    step_leaves,
-    value_cells,
-)
+from .model import Leaf, diff_cells, render_step, render_value_side, step_leaves, value_cells
+from .readers import StepReaders
+from .screens import HelpScreen
 from .timelines import StoreTimelines, history
-from .widgets import (
-    DetailsPane,
-    DiffPane,
-    HelpScreen,
-    StepsPane,
-    TensorPane,
-    TensorTree,
-    TreeNodes,
-    ValidatePane,
-    tree_nodes,
-)
+from .validate_pane import ValidatePane, finding_step, tensor_shown
+from .widgets import StepsPane, TensorPane, TensorTree, TreeNodes, tree_nodes
 
-#: Step readers kept in memory (a step of 10,000 tensors holds its parsed manifests).
-READER_CACHE = 4
 #: Steps summarised between two refreshes of the steps pane while a long listing loads.
 STEPS_BATCH = 16
 #: Diff rows added to the table per turn of the event loop (the table measures new rows when idle).
 TABLE_BATCH = 200
 #: Progress reports while a diff measures its changed tensors, at most.
 PROGRESS_STEPS = 100
-#: One row of the diff table: its cells and its row key.
-TableRow = tuple[tuple[Text, ...], str]
-#: Manifests a validation keeps parsed: the ranks of the step being checked.
-VALIDATE_CACHE = 16
 
 
 class InspectorApp(App[None]):
@@ -103,23 +84,16 @@ class InspectorApp(App[None]):
         self.summaries: list[StepSummary] = []
         self.step: int | None = None
         self.base_step: int | None = None
-        self.leaves: list[Leaf] = []
-        self._made_nodes: TreeNodes = {}  # the unfiltered tree's nodes, made by the worker that read the step
         self.leaf: Leaf | None = None
         self.diff_pair: tuple[int, int] | None = None
         self.diff_rows: list[TensorDiff] = []
         self.diff_values: list[ValueDiff] = []
-        self._sides_key: str | None = None  # the diff row whose two sides are wanted
-        self.findings: list[Finding] = []
-        self.validated = False
         self.message: str | None = None
-        self._readers: OrderedDict[tuple[str, int], StepReader] = OrderedDict()  # by (timeline listed, step)
-        self._readers_lock = threading.Lock()
+        self._readers = StepReaders()
         self._step_lock = threading.Lock()
-        self._generation = 0  # bumped by every new diff or validation; older workers' results are dropped
+        self._generation = Generation()  # bumped by every new diff or validation; older workers' results are dropped
         self._pending_tensor: str | None = None
         self._step_complete = False
-        self._runs: dict[str, RunRecord] = {}  # run records read so far, by run id
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -134,7 +108,7 @@ class InspectorApp(App[None]):
             with ContentSwitcher(initial="details", id="right"):
                 yield DetailsPane(id="details")
                 yield DiffPane(id="diff")
-                yield ValidatePane(id="validate")
+                yield ValidatePane(self._generation, id="validate")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -154,8 +128,23 @@ class InspectorApp(App[None]):
         box.display = bool(text)
         self.query_one("#main").display = not text
 
+    @property
+    def leaves(self) -> list[Leaf]:
+        """The chosen step's leaves, unfiltered (:class:`TensorPane`)."""
+        return self.query_one(TensorPane).leaves
+
     def watch_mode(self, mode: str) -> None:
         self.query_one("#right", ContentSwitcher).current = mode
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The last validation's findings, errors first (:class:`ValidatePane`)."""
+        return self.query_one(ValidatePane).findings
+
+    @property
+    def validated(self) -> bool:
+        """Whether the last validation has finished."""
+        return self.query_one(ValidatePane).validated
 
     # ---- steps ----------------------------------------------------------------------------------
 
@@ -195,11 +184,10 @@ class InspectorApp(App[None]):
         pane = self.query_one(StepsPane)
         pane.border_title = "steps" if len(info.timelines) == 1 else f"steps of {name}"
         if moved:
-            self._generation += 1  # a diff or validation in flight answers a question nobody asks now
+            self._generation.next()  # a diff or validation in flight answers a question nobody asks now
             self.step, self.leaf, self.base_step, self.diff_pair = None, None, None, None
             self._owners = {}
-            self.leaves, self._made_nodes = [], {}
-            self.query_one(TensorTree).set_leaves([])
+            self.query_one(TensorPane).clear()
             pane.set_steps([], final=False)
             self.mode = "details"
             self.query_one(DetailsPane).show(Text(f"timeline {name}: reading its steps…", style="dim"))
@@ -233,57 +221,21 @@ class InspectorApp(App[None]):
         self.step = s.step
         self._step_complete = s.complete
         self.leaf = None
-        self.query_one(DetailsPane).show(self._render_step(s))
-        if s.run:
-            self.load_run(s)
+        assert self.store is not None
+        self.query_one(DetailsPane).show_step(s, functools.partial(self._render_step, s), self.store)
         tree = self.query_one(TensorTree)
         if not s.complete:
-            self.leaves, self._made_nodes = [], {}
-            tree.set_leaves([])
+            self.query_one(TensorPane).clear()
             tree.loading = False
             return
         tree.loading = True  # a step of 10,000 tensors takes a moment to parse
         self.load_step(s.step)
 
-    @work(thread=True, exclusive=True, group="run")
-    def load_run(self, s: StepSummary) -> None:
-        """The record of the run that wrote step ``s`` (spec §20), into the step's details."""
-        assert s.run is not None and self.store is not None
-        record, note = self._runs.get(s.run), None
-        if record is None:
-            try:
-                record = read_run(self.store.storage, s.run)
-            except Exception as exc:  # a damaged record is a line in the pane, never a traceback
-                note = f"run record unreadable: {one_line(exc)}"
-            else:
-                if record is None:
-                    note = "no run record (a store written before 1.1)"
-                else:
-                    self._runs[s.run] = record
-        self.call_from_thread(self._show_run, s, record, note)
-
-    def _show_run(self, s: StepSummary, record: RunRecord | None, note: str | None) -> None:
-        if s.step == self.step and self.leaf is None:
-            self.query_one(DetailsPane).show(self._render_step(s, record, note))
-
     def reader(self, step: int) -> StepReader:
-        """A cached reader for a complete step (any thread)."""
+        """A cached reader for a complete step of the timeline listed (any thread)."""
         store = self.store
         assert store is not None
-        key = (store.timeline.name, step)
-        with self._readers_lock:
-            r = self._readers.get(key)
-            if r is not None:
-                self._readers.move_to_end(key)
-                return r
-        with heap.parsing():  # megabytes of JSON: parsed in pieces, no GC pause on what it builds
-            r = store.open_step(step)  # a step the lineage lends is read from its own timeline
-        with self._readers_lock:
-            self._readers[key] = r
-            while len(self._readers) > READER_CACHE:
-                _, old = self._readers.popitem(last=False)
-                old.store.forget(old.step)  # the store would keep its manifests too (and the GC walk them)
-        return r
+        return self._readers.get(store, step)
 
     @work(thread=True, exclusive=True, group="step")
     def load_step(self, step: int) -> None:
@@ -315,20 +267,10 @@ class InspectorApp(App[None]):
         if step != self.step or listed != self._listed():
             return  # stale: the user moved on
         self.query_one(TensorTree).loading = False
-        self.leaves = leaves
-        self._made_nodes = nodes
-        self._apply_filter()
+        self.query_one(TensorPane).set_leaves(leaves, nodes)
         if self._pending_tensor:
             name, self._pending_tensor = self._pending_tensor, None
             self.select_tensor(name)
-
-    def _apply_filter(self) -> None:
-        text = self.query_one("#filter", Input).value
-        tree = self.query_one(TensorTree)
-        if not text.strip():
-            tree.set_leaves(self.leaves, nodes=self._made_nodes)
-        else:
-            tree.set_leaves(filter_leaves(self.leaves, text), expand=True)
 
     # ---- tensors and details -----------------------------------------------------------------
 
@@ -339,102 +281,25 @@ class InspectorApp(App[None]):
         self.leaf = leaf
         if self.mode != "details":
             self.mode = "details"
-        if leaf.kind == "value":
-            self.show_value(self.step, leaf)
-        else:
-            self.load_details(self.step, leaf)
+        previous = self.query_one(StepsPane).previous_complete(self.step)
+        self.query_one(DetailsPane).ask(self.step, leaf, self._listed(), self.reader, previous)
 
     def on_tree_node_selected(self, event: Tree.NodeSelected[object]) -> None:
         self.on_tree_node_highlighted(event)  # type: ignore[arg-type]
 
-    @work(thread=True, exclusive=True, group="details")
-    def show_value(self, step: int, leaf: Leaf) -> None:
-        listed = self._listed()
-        prev_step = self.query_one(StepsPane).previous_complete(step)
-        prev_value, has_prev = None, False
-        if prev_step is not None:
-            try:
-                values = step_values(self.reader(prev_step))
-                key = leaf.path or leaf.name
-                has_prev = key in values
-                prev_value = values.get(key)
-            except Exception:
-                pass
-        text = render_value(leaf, step, prev_value, has_prev)
-        self.call_from_thread(self._show_details, step, leaf, text, listed)
-
-    @work(thread=True, exclusive=True, group="details")
-    def load_details(self, step: int, leaf: Leaf) -> None:
-        assert leaf.path is not None
-        listed = self._listed()
-        try:
-            reader = self.reader(step)
-            prev_step = self.query_one(StepsPane).previous_complete(step)
-            previous = self.reader(prev_step) if prev_step is not None else None
-            d = compute_details(reader, leaf.path, previous, stats=False)
-            width = self._details_width()
-            self.call_from_thread(self._show_details, step, leaf, render_details(d, width), listed)
-            worker = get_current_worker()
-            if worker.is_cancelled:
-                return  # the user moved on before the statistics were read
-
-            def progress(done: int, total: int, what: str) -> None:
-                if worker.is_cancelled:  # a large tensor streams in blocks: stop between two
-                    raise _Cancelled
-
-            d = compute_details(reader, leaf.path, previous, stats=True, progress=progress)
-            self.call_from_thread(self._show_details, step, leaf, render_details(d, width), listed)
-        except _Cancelled:
-            return
-        except Exception as exc:
-            self.call_from_thread(self._show_details, step, leaf, Text(f"{leaf.name}: {one_line(exc)}", "red"),
-                                  listed)
-
-    def _details_width(self) -> int:
-        return max(20, self.query_one(DetailsPane).size.width - 2)
-
-    def _show_details(self, step: int, leaf: Leaf, text: Text, listed: str | None) -> None:
-        if step == self.step and leaf == self.leaf and listed == self._listed():
-            self.query_one(DetailsPane).show(text)
-
     def select_tensor(self, name: str) -> bool:
         """Open the tree down to ``name`` and put the cursor on it (clears the filter)."""
-        box = self.query_one("#filter", Input)
-        if box.value:
-            box.value = ""
-            self._apply_filter()
-        tree = self.query_one(TensorTree)
-        node = tree.find(name)
-        if node is None:
-            return False
-        tree.focus()
-        self.call_after_refresh(tree.move_cursor, node)  # once the opened groups have lines
-        return True
+        return self.query_one(TensorPane).select(name)
 
     # ---- filter -------------------------------------------------------------------------------------
 
     def action_filter(self) -> None:
-        if self.message:
-            return
-        self.query_one(TensorPane).add_class("-filtering")
-        self.query_one("#filter", Input).focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "filter":
-            self._apply_filter()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "filter":
-            self.query_one(TensorTree).focus()
+        if not self.message:
+            self.query_one(TensorPane).open_filter()
 
     def action_go_back(self) -> None:
-        box = self.query_one("#filter", Input)
-        if box.has_focus:
-            box.value = ""
-            self.query_one(TensorPane).remove_class("-filtering")
-            self.query_one(TensorTree).focus()
-            return
-        self.mode = "details"
+        if not self.query_one(TensorPane).close_filter():
+            self.mode = "details"
 
     def action_details(self) -> None:
         self.mode = "details"
@@ -476,16 +341,12 @@ class InspectorApp(App[None]):
         if a is None or summary is None or not summary.complete:
             self.notify("Diff needs two complete steps: pick a later step, or mark a base with m.", severity="warning")
             return
-        self._generation += 1
+        generation = self._generation.next()
         self.diff_pair = (a, b)
         self.diff_rows = []
         self.mode = "diff"
-        self.query_one("#diff-title", Static).update(Text(f"step_{a} → step_{b}: reading manifests…", "bold"))
-        self.query_one("#diff-table", DataTable).clear()
-        self.query_one("#diff-a", Static).update("")
-        self.query_one("#diff-b", Static).update("")
-        self.query_one("#diff-table", DataTable).focus()
-        self.run_diff(a, b, self._generation)
+        self.query_one(DiffPane).begin(a, b)
+        self.run_diff(a, b, generation)
 
     @work(thread=True, exclusive=True, group="diff")
     def run_diff(self, a: int, b: int, generation: int) -> None:
@@ -503,7 +364,7 @@ class InspectorApp(App[None]):
         self.call_from_thread(self._diff_rows, generation, list(rows), values, cells)  # type: ignore[arg-type]
         every, reported = max(1, len(rows) // PROGRESS_STEPS), 0
         for i, td in enumerate(rows):
-            if generation != self._generation:
+            if not self._generation.current(generation):
                 return
             if td.status != "changed":
                 continue
@@ -530,158 +391,51 @@ class InspectorApp(App[None]):
         self, generation: int, rows: list[TensorDiff], values: list[ValueDiff], cells: list[TableRow]
     ) -> None:
         """Changed tensors (most changed first), then changed values (lr, step ...): ``cells``, made
-        by the worker. The table measures every cell of the rows added since it was last idle, so
-        thousands of rows go in batches, with a turn of the event loop between two."""
-        if generation != self._generation:
+        by the worker, into the table in batches of :data:`TABLE_BATCH` (:meth:`DiffPane.fill`)."""
+        if not self._generation.current(generation):
             return
         self.diff_rows = rows
         self.diff_values = values
-        table = self.query_one("#diff-table", DataTable)
-        cursor = table.cursor_row
-        table.clear()
-        for n, (row, key) in enumerate(cells):
-            if n and n % TABLE_BATCH == 0:
-                await asyncio.sleep(0)
-                if generation != self._generation:
-                    return  # another diff has the table now
-            table.add_row(*row, key=key)
-        if cells:
-            table.move_cursor(row=min(cursor, len(cells) - 1))
+        await self.query_one(DiffPane).fill(cells, TABLE_BATCH, lambda: self._generation.current(generation))
 
     def _diff_progress(self, generation: int, done: int, total: int) -> None:
-        if generation == self._generation and self.diff_pair:
+        if self._generation.current(generation) and self.diff_pair:
             a, b = self.diff_pair
             self.query_one("#diff-title", Static).update(Text(f"step_{a} → step_{b}: measuring {done}/{total}…"))
 
     def _diff_title(self, generation: int, text: Text) -> None:
-        if generation == self._generation:
+        if self._generation.current(generation):
             self.query_one("#diff-title", Static).update(text)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "validate-table" and event.row_key.value is not None:
-            i = int(event.row_key.value)
-            if i < len(self.findings):
-                self.query_one("#validate-message", Static).update(Text(self.findings[i].message))
-            return
         if event.data_table.id == "diff-table" and self.diff_pair and event.row_key.value is not None:
             key = event.row_key.value
-            self._sides_key = key
+            pane = self.query_one(DiffPane)
             if key.startswith("v"):
                 vd = self.diff_values[int(key[1:])]
                 a, b = self.diff_pair
-                sides = [render_value_side(vd.name, a, vd.a), render_value_side(vd.name, b, vd.b)]
-                self._show_sides(self.diff_pair, key, sides)
+                pane.show_sides(self.diff_pair, key, [render_value_side(vd.name, a, vd.a),
+                                                      render_value_side(vd.name, b, vd.b)])
             elif int(key) < len(self.diff_rows):
-                self.load_sides(self.diff_pair, key, self.diff_rows[int(key)].name)
-
-    @work(thread=True, exclusive=True, group="diff-sides")
-    def load_sides(self, pair: tuple[int, int], key: str, path: str) -> None:
-        a, b = pair
-        texts = []
-        for step in (a, b):
-            reader = self.reader(step)
-            if path not in reader.arrays:
-                texts.append(Text(f"step_{step}: no such tensor", "dim"))
-                continue
-            try:
-                other = self.reader(a if step == b else b)
-                d = compute_details(reader, path, other if step == b else None, stats=True)
-                texts.append(render_side(d))
-            except Exception as exc:
-                texts.append(Text(one_line(exc), "red"))
-        self.call_from_thread(self._show_sides, pair, key, texts)
-
-    def _show_sides(self, pair: tuple[int, int], key: str, texts: list[Text]) -> None:
-        if pair == self.diff_pair and key == self._sides_key and self.mode == "diff":
-            self.query_one("#diff-a", Static).update(texts[0])
-            self.query_one("#diff-b", Static).update(texts[1])
+                pane.ask_sides(self.diff_pair, key, self.diff_rows[int(key)].name, self.reader)
 
     # ---- validate -----------------------------------------------------------------------------------
 
     def action_validate(self) -> None:
         if self.root is None:
             return
-        self._generation += 1
-        self.findings = []
-        self.validated = False
         self.mode = "validate"
-        self.query_one("#validate-title", Static).update(Text("validating (rehashing every object)…", "bold"))
-        self.query_one("#validate-table", DataTable).clear()
-        self.query_one("#validate-message", Static).update("")
-        bar = self.query_one("#validate-progress", ProgressBar)
-        bar.update(total=None, progress=0)
-        bar.display = True
-        self.query_one("#validate-table", DataTable).focus()
-        self.run_validate(self._generation)
+        self.query_one(ValidatePane).start(self.root)
 
-    @work(thread=True, exclusive=True, group="validate")
-    def run_validate(self, generation: int) -> None:
-        assert self.root is not None
-        last = [-1]
-
-        def progress(done: int, total: int, what: str) -> None:
-            step = max(1, total // 100)
-            if done == total or done < last[0] or done - last[0] >= step:
-                last[0] = done
-                phase = "reading manifests" if what.startswith(("step", "manifests")) else "rehashing objects"
-                self.call_from_thread(self._set_validation_progress, generation, done, total, phase)
-
-        try:
-            # a store of its own, holding the manifests of a few steps at a time, not the readers' steps
-            # every timeline's steps (from the store's main timeline, as `ravex validate` does)
-            report = validate(PiecewiseStore(self.root, cache_size=VALIDATE_CACHE), full=True, progress=progress)
-        except Exception as exc:
-            failed = Text(f"validation failed: {one_line(exc)}", "red")
-            self.call_from_thread(self._set_validation_title, generation, failed)
+    def on_validate_pane_open(self, event: ValidatePane.Open) -> None:
+        finding = event.finding
+        assert finding.tensor and finding.step is not None
+        where = finding.timeline or MAIN
+        if self._owners.get(finding.step) != where:
+            self.notify(f"{finding_step(finding)} is not listed: press t until timeline {where} is",
+                        severity="warning")
             return
-        self.call_from_thread(self._set_validation_done, generation, report)
-
-    def _set_validation_progress(self, generation: int, done: int, total: int, phase: str) -> None:
-        if generation == self._generation:
-            self.query_one("#validate-progress", ProgressBar).update(total=total or None, progress=done)
-            self.query_one("#validate-title", Static).update(Text(f"validating: {phase}…", "bold"))
-
-    def _set_validation_title(self, generation: int, text: Text) -> None:
-        if generation == self._generation:
-            self.query_one("#validate-title", Static).update(text)
-
-    def _set_validation_done(self, generation: int, report: ValidationReport) -> None:
-        if generation != self._generation:
-            return
-        errors = [f for f in report.findings if f.severity == "error"]
-        self.findings = errors + [f for f in report.findings if f.severity != "error"]
-        self.validated = True
-        self.query_one("#validate-progress", ProgressBar).display = False  # the title says it is done
-        title = Text()
-        if report.ok:
-            title.append("✓ ok", style="bold green")
-        else:
-            title.append(f"✗ {len(errors)} error{'s' if len(errors) != 1 else ''}", style="bold red")
-        title.append(f": {len(report.steps_checked)} steps, {report.objects_checked} objects rehashed, "
-                     f"{len(self.findings) - len(errors)} warnings")
-        self.query_one("#validate-title", Static).update(title)
-        table = self.query_one("#validate-table", DataTable)
-        table.clear()
-        for i, f in enumerate(self.findings):
-            style = "red" if f.severity == "error" else "yellow"
-            table.add_row(
-                Text("✗" if f.severity == "error" else "!", style=f"bold {style}"),
-                Text(_finding_step(f)), Text(_display(f.tensor) or f.kind, style=style),
-                Text(f.chunk or ""), Text(f.kind), key=str(i),
-            )
-        if self.findings:
-            self.query_one("#validate-message", Static).update(Text(self.findings[0].message))
-
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.data_table.id == "validate-table" and event.row_key.value is not None:
-            finding = self.findings[int(event.row_key.value)]
-            if finding.tensor and finding.step is not None:
-                where = finding.timeline or MAIN
-                if self._owners.get(finding.step) != where:
-                    self.notify(f"{_finding_step(finding)} is not listed: press t until timeline {where} is",
-                                severity="warning")
-                    return
-                self.open_tensor(finding.step, _display(finding.tensor))
+        self.open_tensor(finding.step, tensor_shown(finding.tensor))
 
     def open_tensor(self, step: int, name: str) -> None:
         """Go to ``step`` and put the tree cursor on tensor ``name`` (used by validate findings)."""
@@ -703,21 +457,6 @@ def _table_rows(rows: list[TensorDiff], values: list[ValueDiff]) -> list[TableRo
     return [(diff_cells(td), str(i)) for i, td in enumerate(rows)] + [
         (value_cells(vd), f"v{i}") for i, vd in enumerate(values)
     ]
-
-
-class _Cancelled(Exception):
-    """Raised inside a worker whose result nobody wants any more."""
-
-
-def _finding_step(f: Finding) -> str:
-    """A finding's step as the table shows it: ``step_60``, ``exp@step_60`` on another timeline."""
-    if f.step is None:
-        return ""
-    return f"step_{f.step}" if f.timeline is None else f"{f.timeline}@step_{f.step}"
-
-
-def _display(tensor: str | None) -> str:
-    return display_path(tensor) if tensor else ""
 
 
 def _store_problem(url: str, exc: Exception) -> str:

@@ -1,24 +1,26 @@
-"""The inspector's widgets: small, each owning one pane. Layout lives in ``app.tcss``."""
+"""The inspector's left-hand widgets: the steps list and the tensor tree under its filter box.
+
+The right-hand panes, which run workers of their own, have modules of their own
+(:mod:`.details_pane`, :mod:`.diff_pane`, :mod:`.validate_pane`); the help is a screen
+(:mod:`.screens`). Layout lives in ``app.tcss``."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from rich.cells import cell_len
 from rich.text import Span, Text
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Vertical
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import DataTable, Input, OptionList, ProgressBar, Static, Tree
+from textual.widgets import Input, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 from textual.widgets.tree import TreeNode
 
 from ravex.format.reports.summary import StepSummary
 
 from .formatting import loss_sparkline, sparkline
-from .model import Leaf, children, step_row, tree_index
+from .model import Leaf, children, filter_leaves, step_row, tree_index
 
 #: Tree nodes opened by a filter at most; more matches stay collapsed (still lazily expandable).
 FILTER_EXPAND_MAX = 200
@@ -235,7 +237,13 @@ def _short(value: object, n: int = 24) -> str:
 
 
 class TensorPane(Vertical):
-    """The filter box (opened with ``/``) over the tensor tree."""
+    """The filter box (opened with ``/``) over the tensor tree: the pane holds the step's leaves and
+    shows those the filter keeps."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.leaves: list[Leaf] = []
+        self._tree_nodes: TreeNodes = {}  # the unfiltered tree's nodes, made by the worker that read the step
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter tensors (enter to keep, esc to clear)", id="filter")
@@ -244,92 +252,56 @@ class TensorPane(Vertical):
     def on_mount(self) -> None:
         self.border_title = "tensors"
 
+    def set_leaves(self, leaves: list[Leaf], nodes: TreeNodes) -> None:
+        """A step's leaves (``nodes``: their :func:`tree_nodes`), shown through the filter."""
+        self.leaves, self._tree_nodes = leaves, nodes
+        self.apply_filter()
 
-class DetailsPane(VerticalScroll):
-    """Metadata, chunk map, statistics and histogram of the selected tensor (or the step)."""
+    def clear(self) -> None:
+        """No step's leaves (a step not read yet, or incomplete)."""
+        self.leaves, self._tree_nodes = [], {}
+        self.query_one(TensorTree).set_leaves([])
 
-    def compose(self) -> ComposeResult:
-        yield Static("", id="details-body")
+    def apply_filter(self) -> None:
+        text = self.query_one("#filter", Input).value
+        tree = self.query_one(TensorTree)
+        if not text.strip():
+            tree.set_leaves(self.leaves, nodes=self._tree_nodes)
+        else:
+            tree.set_leaves(filter_leaves(self.leaves, text), expand=True)
 
-    def on_mount(self) -> None:
-        self.border_title = "details"
+    def open_filter(self) -> None:
+        self.add_class("-filtering")
+        self.query_one("#filter", Input).focus()
 
-    def show(self, text: Text | str) -> None:
-        self.query_one("#details-body", Static).update(text)
+    def close_filter(self) -> bool:
+        """Clear and close the filter if it has the focus (esc); whether it had."""
+        box = self.query_one("#filter", Input)
+        if not box.has_focus:
+            return False
+        box.value = ""
+        self.remove_class("-filtering")
+        self.query_one(TensorTree).focus()
+        return True
 
+    def select(self, name: str) -> bool:
+        """Open the tree down to ``name`` and put the cursor on it (clears the filter)."""
+        box = self.query_one("#filter", Input)
+        if box.value:
+            box.value = ""
+            self.apply_filter()
+        tree = self.query_one(TensorTree)
+        node = tree.find(name)
+        if node is None:
+            return False
+        tree.focus()
+        self.call_after_refresh(tree.move_cursor, node)  # once the opened groups have lines
+        return True
 
-class DiffPane(Vertical):
-    """Changed tensors sorted by relative change, coloured by magnitude, and the two sides of one."""
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.apply_filter()
 
-    def compose(self) -> ComposeResult:
-        yield Static("", id="diff-title")
-        table: DataTable[Text] = DataTable(id="diff-table", cursor_type="row", zebra_stripes=True)
-        table.add_columns("tensor", "Δ rel", "chunks", "max|a-b|", "cosine", "status")
-        yield table
-        with Horizontal(id="diff-sides"):
-            yield Static("", id="diff-a", classes="side")
-            yield Static("", id="diff-b", classes="side")
-
-    def on_mount(self) -> None:
-        self.border_title = "diff"
-
-
-class ValidatePane(Vertical):
-    """Validator progress and its findings; selecting one opens the tensor it names."""
-
-    def compose(self) -> ComposeResult:
-        yield Static("", id="validate-title")
-        yield ProgressBar(id="validate-progress", show_eta=False)
-        table: DataTable[Text] = DataTable(id="validate-table", cursor_type="row", zebra_stripes=True)
-        table.add_columns(" ", "step", "tensor", "chunk", "kind")
-        yield table
-        yield Static("", id="validate-message")
-
-    def on_mount(self) -> None:
-        self.border_title = "validate"
-
-
-HELP_KEYS = (
-    ("↑ ↓  mouse", "move in the focused pane"),
-    ("tab", "next pane: steps, tensors, the right pane"),
-    ("enter", "open a group, select a row"),
-    ("/", "filter tensors by name (esc clears)"),
-    ("d", "diff this step with the marked one, or the previous"),
-    ("m", "mark the highlighted step as the diff base"),
-    ("v", "validate the store (rehash every object)"),
-    ("i  esc", "back to details"),
-    ("r", "reload the steps (a run may still be writing)"),
-    ("t", "next timeline (resuming an older step forks one)"),
-    ("?", "this help"),
-    ("q", "quit"),
-)
-
-
-def help_text() -> Text:
-    """The help screen's text: keys, then how to read the panes."""
-    t = Text()
-    t.append("ravex inspect", style="bold")
-    t.append(" — browse a checkpoint store\n\n")
-    for key, what in HELP_KEYS:
-        t.append(f"{key:<12}", style="bold")
-        t.append(f"{what}\n")
-    t.append("\nSteps: the bar is the bytes a step added; ✗ incomplete, ◆ tagged.\n")
-    t.append("Chunk map: █ written by this step, ░ shared with the previous one.\n")
-    t.append("Diff: ")
-    t.append("red", style="bold red")
-    t.append(" ≥ 10% relative change, ")
-    t.append("yellow", style="yellow")
-    t.append(" ≥ 0.1%, ")
-    t.append("green", style="green")
-    t.append(" smaller.")
-    return t
-
-
-class HelpScreen(ModalScreen[None]):
-    BINDINGS: ClassVar = [Binding("escape,q,question_mark", "dismiss", "close")]
-
-    def compose(self) -> ComposeResult:
-        yield Static(help_text(), id="help")
-
-    def on_click(self) -> None:
-        self.dismiss()
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            self.query_one(TensorTree).focus()

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._version import check_version
-from ..errors import ManifestError, UnsafeNameError
+from ..errors import ManifestError
+from ..objects.names import check_name
 from ..objects.values import decode_value, encode_value
 from ..storage import Storage
 from . import clock
@@ -38,12 +39,8 @@ NOT_A_CHECKOUT = "not a git checkout"
 
 def check_run_id(run: object, where: str = "run id") -> str:
     """A run id that can name a key: 1 to 128 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit."""
-    if not isinstance(run, str) or not _RUN_ID.fullmatch(run):
-        raise UnsafeNameError(
-            f"{where}: {run!r} cannot name a run record; a run id is 1 to 128 letters, digits, "
-            "'.', '_' or '-', starting with a letter or digit"
-        )
-    return run
+    return check_name(run, _RUN_ID, where, "cannot name a run record; a run id is 1 to 128 letters, digits, "
+                      "'.', '_' or '-', starting with a letter or digit")
 
 
 def run_key(run: str) -> str:

@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ManifestError, NameTakenError, StepNotFoundError
+from ..errors import NameTakenError, StepNotFoundError
 from ..objects.names import MAX_LABEL, check_label
 from . import clock
-from .jsondoc import load_document
+from .jsondoc import load_named
 from .timelines import DOC_VERSION, MAIN
 
 if TYPE_CHECKING:
@@ -49,13 +49,8 @@ def tag_key(name: str) -> str:
 
 def parse_tag(data: bytes, key: str) -> Tag:
     """A tag document, checked; a malformed one is a :class:`ManifestError` naming ``key``."""
-    doc = load_document(data, key)
-    name = key.rsplit("/", 1)[-1].removesuffix(".json")
-    ok = (isinstance(doc, dict) and doc.get("format") == TAG_FORMAT and doc.get("name") == name
-          and isinstance(doc.get("timeline"), str) and type(doc.get("step")) is int and doc["step"] >= 0)
-    if not ok:
-        raise ManifestError(f"{key}: not a tag document (format, name, timeline, step; spec §19)")
-    return Tag(name, doc["timeline"], doc["step"], str(doc.get("created_at") or ""))
+    doc = load_named(data, key, "tag", TAG_FORMAT, "timeline", "step")
+    return Tag(doc["name"], doc["timeline"], doc["step"], str(doc.get("created_at") or ""))
 
 
 def read_tags(storage: Storage) -> dict[str, Tag]:

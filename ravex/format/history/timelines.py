@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ManifestError, NameTakenError, StepNotFoundError
 from ..objects.names import MAIN_STEPS, MAX_LABEL, check_label, is_decimal
 from . import clock
-from .jsondoc import load_document
+from .jsondoc import load_named
 
 if TYPE_CHECKING:
     from ..storage import Storage
@@ -74,14 +74,9 @@ def check_timeline_name(name: object) -> str:
 
 def parse_timeline(data: bytes, key: str) -> Timeline:
     """A timeline document, checked; a malformed one is a :class:`ManifestError` naming ``key``."""
-    doc = load_document(data, key)
-    name = key.rsplit("/", 1)[-1].removesuffix(".json")
-    ok = (isinstance(doc, dict) and doc.get("format") == TIMELINE_FORMAT and doc.get("name") == name
-          and isinstance(doc.get("parent"), str) and type(doc.get("fork_step")) is int and doc["fork_step"] >= 0)
-    if not ok:
-        raise ManifestError(f"{key}: not a timeline document (format, name, parent, fork_step; spec §19)")
+    doc = load_named(data, key, "timeline", TIMELINE_FORMAT, "parent", "fork_step")
     run = doc.get("run")
-    return Timeline(name, doc["parent"], doc["fork_step"], str(doc.get("created_at") or ""),
+    return Timeline(doc["name"], doc["parent"], doc["fork_step"], str(doc.get("created_at") or ""),
                     run if isinstance(run, str) else None)
 
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .._version import check_version
+from .._version import check_header
 from ..errors import ManifestError
 from ..objects.names import step_dir
 from ..storage import Storage
@@ -97,11 +97,8 @@ class Witness:
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Witness:
         """Parse and check a witness; a malformed one is a :class:`ManifestError` naming what is wrong."""
-        if not isinstance(doc, dict) or doc.get("format") != WITNESS_FORMAT:
-            raise ManifestError(f"{where}: not a Ravex witness (format != {WITNESS_FORMAT!r})")
-        check_version(doc.get("version"), where)
-        if doc.get("digest") != BATCH_DIGEST:
-            raise ManifestError(f"{where}: batch digest {doc.get('digest')!r} is not {BATCH_DIGEST!r}")
+        check_header(doc, where, WITNESS_FORMAT, f"not a Ravex witness (format != {WITNESS_FORMAT!r})",
+                     "digest", BATCH_DIGEST, f"batch digest {{got}} is not {BATCH_DIGEST!r}")
         step, rank = _count(doc.get("step"), "step", where), _count(doc.get("rank"), "rank", where)
         run, entries = doc.get("run"), doc.get("entries")
         if not isinstance(run, str):

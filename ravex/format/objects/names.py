@@ -69,11 +69,16 @@ def check_array_path(path: str, where: str) -> str:
 
 def check_object_name(name: object, where: str) -> str:
     """Validate an object name: exactly 32 lowercase hex digits, nothing that forms a path."""
-    if not isinstance(name, str) or not _OBJECT_NAME.match(name):
-        raise UnsafeNameError(
-            f"{where}: object name {name!r} is not a 32-digit hex digest; "
-            "the manifest is corrupt or was not written by Ravex"
-        )
+    return check_name(name, _OBJECT_NAME, where, "is not a 32-digit hex digest; the manifest is corrupt or was "
+                      "not written by Ravex", what="object name ")
+
+
+def check_name(name: object, pattern: re.Pattern[str], where: str, rule: str, what: str = "") -> str:
+    """``name`` when it is a string ``pattern`` matches whole; else an :class:`UnsafeNameError`
+    ``<where>: <what><name!r> <rule>``. For names read from documents or given by a caller that
+    become a key segment: nothing that forms a path gets through."""
+    if not isinstance(name, str) or not pattern.fullmatch(name):
+        raise UnsafeNameError(f"{where}: {what}{name!r} {rule}")
     return name
 
 

@@ -4,7 +4,8 @@ An array of many small chunks (a sparse embedding in 2 KiB chunks: 131k chunks p
 a few percent changed per commit) is hashed in bulk on the writer's pool, its digests compared
 with its base table's in one vectorised step, and only the changed rows go through Python:
 encoded, packed, written. Unchanged rows keep their base's object, offset and size. The writer
-(``writing/writer.py``) does the packing and the writes; this module owns the row arithmetic.
+(``writing/writer.py``, with ``writing/packs.py``) does the packing and the writes; this module owns
+the row arithmetic.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._version import SPEC_VERSION, check_version
+from .._version import SPEC_VERSION, check_header
 from ..errors import CorruptObjectError, ManifestError
 from ..objects.chunkref import ChunkRef
 from ..objects.chunktable import ChunkTable
@@ -167,11 +167,8 @@ class Manifest:
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Manifest:
-        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-            raise ManifestError(f"{where}: not a Ravex manifest (no format {MANIFEST_FORMAT!r})")
-        check_version(doc.get("version"), where)
-        if doc.get("hash") != HASH_NAME:
-            raise ManifestError(f"{where}: unknown hash {doc.get('hash')!r}; expected {HASH_NAME!r}")
+        check_header(doc, where, MANIFEST_FORMAT, f"not a Ravex manifest (no format {MANIFEST_FORMAT!r})",
+                     "hash", HASH_NAME, f"unknown hash {{got}}; expected {HASH_NAME!r}")
         try:
             step, rank, world = (_json_int(doc[k], k, where) for k in ("step", "rank", "world_size"))
             arrays_doc = doc["arrays"]
