@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """List steps: time, training loss, ranks, tensors, logical bytes, new bytes written, reuse."""
+    from ravex.format.history.timelines import MAIN
     from ravex.format.reports.summary import summarize_steps
 
     from .timelines import timeline_tree
@@ -55,7 +56,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         out.print(f"{store.url}: no steps yet", soft_wrap=True)
         return EXIT_OK
     for branch in tree.branches():
-        title = (store.url if branch.parent is None
+        title = (store.url if branch.name == MAIN
+                 else f"timeline {branch.name} (a history of its own, no parent)" if branch.parent is None
                  else f"timeline {branch.name} (forked at {branch.parent}@{branch.fork_step})")
         if branch.rows:
             _print_steps(out, title, branch.rows, tree.tagged(branch.name), checks)

@@ -44,16 +44,17 @@ class Branch:
 
 @dataclass
 class TimelineTree:
-    """Every timeline of a store, ``main`` at the root, and its tags."""
+    """Every timeline of a store and its tags: ``main`` at the root, then each root timeline
+    (a fresh run's own history, ``resume: never``), each with the timelines forked from it."""
 
-    root: Branch
+    roots: list[Branch]
     current: str
     tags: list[Tag]
 
     def branches(self) -> list[Branch]:
-        """Depth first, children by fork step then name."""
+        """Depth first, ``main``'s tree first, children by fork step then name."""
         out: list[Branch] = []
-        stack = [self.root]
+        stack = list(reversed(self.roots))
         while stack:
             branch = stack.pop()
             out.append(branch)
@@ -71,7 +72,7 @@ class TimelineTree:
     @property
     def interesting(self) -> bool:
         """Worth printing beside the steps: a store with another timeline or a tag."""
-        return bool(self.root.children or self.tags)
+        return len(self.roots) > 1 or bool(self.roots[0].children or self.tags)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,7 +94,7 @@ class TimelineTree:
 
         def label(b: Branch) -> str:
             where = f"  forked at {b.parent}@{b.fork_step}" if b.parent is not None else ""
-            here = "  [green]<- current[/]" if b.name == self.current and self.root.children else ""
+            here = "  [green]<- current[/]" if b.name == self.current and self.interesting else ""
             tags = [f"{', '.join(names)} -> {s}" for (tl, s), names in sorted(tagged.items()) if tl == b.name]
             tag_text = f"  [cyan]tags: {'; '.join(tags)}[/]" if tags else ""
             return f"[bold]{b.name}[/]  {b.span()}{where}{here}{tag_text}"
@@ -114,15 +115,13 @@ def timeline_tree(store: CheckpointStore, main_rows: list[StepSummary]) -> Timel
         name: Branch(name, t.parent, t.fork_step, store.on_timeline(name, timelines))
         for name, t in timelines.items()
     }
-    root = next(b for b in branches.values() if b.parent is None)
-    root.rows = main_rows
+    roots = [b for b in branches.values() if b.parent is None]  # main first (read_timelines)
     for b in sorted(branches.values(), key=lambda b: (b.fork_step or 0, b.name)):
-        if b.parent is not None:
-            b.rows = list(summarize_steps(b.store))
-            if b.parent in branches:
-                branches[b.parent].children.append(b)
-    current = store.current().timeline.name if len(branches) > 1 else root.name
-    return TimelineTree(root, current, sorted(store.tags().values(), key=lambda t: t.name))
+        b.rows = main_rows if b is roots[0] else list(summarize_steps(b.store))
+        if b.parent in branches:
+            branches[b.parent].children.append(b)
+    current = store.current().timeline.name if len(branches) > 1 else roots[0].name
+    return TimelineTree(roots, current, sorted(store.tags().values(), key=lambda t: t.name))
 
 
 def cmd_tag(args: argparse.Namespace) -> int:

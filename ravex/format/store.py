@@ -128,6 +128,13 @@ class CheckpointStore(StoreCatalog):
         timeline = create_timeline(self.storage, name, self.timeline.name, number, run)
         return CheckpointStore(self.storage, self.root, timeline)
 
+    def start_root(self, run: str | None = None) -> CheckpointStore:
+        """Start a root timeline (spec §19, since 1.5): a fresh run's own history beside the
+        store's others, none of their steps in it; named :func:`~.timelines.fork_name`'s way.
+        Its view; its document is created exclusively, as a fork's."""
+        timeline = create_timeline(self.storage, fork_name(self.timelines(), None, None), None, None, run)
+        return CheckpointStore(self.storage, self.root, timeline)
+
     def current(self) -> CheckpointStore:
         """The timeline a plain rerun continues: the one whose newest event, its newest
         complete step or its creation, is the newest by the storage's clock (main when the

@@ -98,7 +98,7 @@ class Resume:
         if self.backend is None:
             return
         if resume == "never":
-            self._refuse_a_store_with_steps(self.backend)
+            self._start_fresh(self.backend)
             return
         if resume == "auto" and self._follows():  # rank 0 lists; this rank guesses for its position
             newest = self.backend.newest_step_guess(self.rank)
@@ -143,22 +143,29 @@ class Resume:
             mine = False
         return not collectives.all_ok(not mine) if agree else mine
 
-    def _refuse_a_store_with_steps(self, backend: CheckpointBackend) -> None:
+    def _start_fresh(self, backend: CheckpointBackend) -> None:
         """``resume: never`` is a fresh run, whose steps would collide with the complete steps
-        already there (steps are immutable: every checkpoint would fail and the run would
-        train with none). Rank 0 stops the run at activation, before its first step, with the
-        fixes; the store is left as it is. (A fresh timeline of its own in the same store needs
-        a timeline without a parent, which the format does not have.)"""
-        if self.rank != 0:
-            return
+        of its timeline (steps are immutable). It writes a root timeline of its own beside them
+        (spec §19): none of their steps in its history, they stay as they are, and a plain
+        rerun continues the new one; said once. A backend without timelines stops the run at
+        activation (rank 0), before its first step, with the fixes."""
         steps = backend.complete_steps()
-        if steps:
-            held = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-            timeline = "" if backend.timeline_name is None else f" (timeline {backend.timeline_name!r})"
-            raise ConfigError(
-                f"`resume: never` asks for a fresh run, but {backend.url!r} already holds {held}{timeline}, "
-                "which a fresh run's steps would collide with. Point `storage` at a new location for a "
-                f"fresh run, or drop `resume: never` (RAVEX_RESUME) to go on from step {steps[-1]}")
+        if not steps:
+            return
+        held = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        timeline = backend.timeline_name
+        name = backend.start_fresh()
+        if name is None and not backend.fork_pending:
+            if self.rank == 0:
+                raise ConfigError(
+                    f"`resume: never` asks for a fresh run, but {backend.url!r} already holds {held}, "
+                    "which a fresh run's steps would collide with. Point `storage` at a new location for a "
+                    f"fresh run, or drop `resume: never` (RAVEX_RESUME) to go on from step {steps[-1]}")
+            return
+        if self.rank == 0:
+            logger.info("ravex: `resume: never`: %s holds %s of timeline %r; this run writes a new timeline%s "
+                        "of its own beside them, which a plain rerun continues (`resume: %s@%d` goes back)",
+                        backend.url, held, timeline, "" if name is None else f" {name!r}", timeline, steps[-1])
 
     def _follows(self) -> bool:
         """Several ranks, ``resume: auto``, not rank 0: this rank lets rank 0 decide which steps

@@ -219,6 +219,13 @@ class CheckpointBackend(ABC):
         on the run (:meth:`fork_agreed`)."""
         return False
 
+    def start_fresh(self) -> str | None:
+        """``resume: never`` where this run's timeline holds steps: write a new history of
+        this run's own beside them (a root timeline, spec §19), none of theirs in it; with
+        several ranks, once they agree on the run (:meth:`fork_agreed`). The timeline's name
+        where known now; None where this backend cannot (then the run's steps collide)."""
+        return None
+
     def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:  # noqa: B027
         """Several ranks, after :meth:`set_run`: fork the pending timeline once, together;
         ``agree(ok)`` is True when ``ok`` holds on every rank. Default: nothing pending."""

@@ -112,8 +112,9 @@ class ZarrBackend(CheckpointBackend):
         self._writer: Any = None
         self._run_id: str | None = None
         self._run_recorded = False
-        #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree
-        self._fork_from: tuple[Any, int] | None = None
+        #: several ranks rolling back: (the timeline resumed, the step) to fork once they agree;
+        #: (None, None): a root timeline to start (``resume: never``)
+        self._fork_from: tuple[Any, int | None] | None = None
         self._keeper: LeaseKeeper | None = None  # rank 0: the lease of the timeline it writes
         #: rank 0, several ranks: its steps not yet seen complete, and the job's line for each
         self._settler = Settler(world_size, self.store.url)
@@ -334,8 +335,20 @@ class ZarrBackend(CheckpointBackend):
         self._drop_writer()
         return step
 
-    def _fork(self, owner: Any, step: int) -> None:
+    def start_fresh(self) -> str | None:
+        # docstring inherited
+        if self.world_size > 1:
+            self._fork_from = (None, None)
+            return None
+        self._fork(None, None)
+        self._drop_writer()
+        return self.timeline_name
+
+    def _fork(self, owner: Any, step: int | None) -> None:
         resumed = self.timeline.timeline.name
+        if owner is None:
+            self.timeline = self.store.start_root(run=self._run_id)
+            return
         self.timeline = owner.fork(step, run=self._run_id)
         logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
                     step, resumed, self.timeline.timeline.name)
@@ -365,16 +378,18 @@ class ZarrBackend(CheckpointBackend):
                 self._fork(owner, step)
             except Exception as exc:
                 failed = exc
+        asked = "resume: never" if owner is None else f"resume: {step}"
         if not agree(failed is None):
-            raise RavexError(f"resume: {step}: rank 0 could not fork a new timeline from it in {self.url!r}"
+            raise RavexError(f"{asked}: rank 0 could not start this run's timeline in {self.url!r}"
                              + (f" ({type(failed).__name__}: {failed})" if failed is not None else
                                 " (its error is in rank 0's output)"))
         if rank != 0:
+            parent = None if owner is None else owner.timeline.name
             found = [t for t in self.store.timelines().values() if t.run == self._run_id and
-                     t.parent == owner.timeline.name and t.fork_step == step]
+                     t.parent == parent and t.fork_step == step]
             if len(found) != 1:
-                raise RavexError(f"resume: {step}: rank 0 forked a timeline from it, but this rank finds "
-                                 f"{len(found)} timelines forked by run {self._run_id} in {self.url!r}")
+                raise RavexError(f"{asked}: rank 0 started this run's timeline, but this rank finds "
+                                 f"{len(found)} timelines started by run {self._run_id} in {self.url!r}")
             self.timeline = self.store.on_timeline(found[0].name)
         self._drop_writer()
 

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from ravex.format import CheckpointStore
 from ravex.format.history.tags import Tag
-from ravex.format.history.timelines import Timeline
+from ravex.format.history.timelines import MAIN, Timeline
 from ravex.format.reports.summary import StepSummary, summarize_step, summarize_steps
 
 
@@ -42,7 +42,7 @@ class StoreTimelines:
         """Every timeline, depth first from ``main``, children by fork step then name: the order
         of the tree and of ``t``."""
         children: dict[str | None, list[str]] = {}
-        for name, t in sorted(self.timelines.items(), key=lambda kv: (kv[1].fork_step or 0, kv[0])):
+        for name, t in sorted(self.timelines.items(), key=lambda kv: (kv[0] != MAIN, kv[1].fork_step or 0, kv[0])):
             children.setdefault(t.parent, []).append(name)
         out: list[str] = []
 

@@ -62,3 +62,35 @@ def test_roll_back_two_ranks_fork_one_timeline_and_resume_bitwise(tmp_path, ddp_
     lease = read_holder(store.storage, "main-8")
     assert lease.generation == 1 and lease.released
     assert read_holder(store.storage, "main").generation == 1 and not read_holder(store.storage, "main").released
+
+
+def test_resume_never_two_ranks_start_one_root_timeline_and_train_afresh(tmp_path, ddp_reference):
+    """``RAVEX_RESUME=never`` on a store with steps: rank 0 starts one root timeline under the run
+    the ranks agreed on, rank 1 follows it; both train from step 0, bitwise as the reference, and
+    write every step there; main's steps read back exactly as before."""
+    ref, ref_state = ddp_reference
+    cwd = h.workdir(tmp_path, every=4, keep_last=100)
+    first = h.run(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="14"), kill_when=h.all_ranks("BLOCKED", 2))
+    assert first.killed, first.explain()
+    store = open_store(cwd / "ckpt")
+    before = _snapshot(store, [4, 8, 12])
+
+    out = tmp_path / "final.pt"
+    second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out), RAVEX_RESUME="never"))
+    assert second.returncode == 0, second.explain()
+    for rank in (0, 1):
+        assert second.restored(rank) is None, second.explain()
+        assert second.losses(rank) == ref.losses(rank), f"rank {rank}: a fresh run's losses differ"
+    h.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+    timelines = store.timelines()
+    assert set(timelines) == {"main", "fresh"}, second.explain()
+    fresh = timelines["fresh"]
+    assert (fresh.parent, fresh.fork_step) == (None, None) and fresh.run is not None
+    own = store.on_timeline("fresh")
+    assert own.complete_steps()[:3] == [4, 8, 12]
+    reader = own.open_step(4)
+    assert reader.world_size == 2 and {m.run for m in reader.manifests} == {fresh.run}
+    assert [s for v, s in own.lineage_steps() if v.timeline.name != "fresh"] == []
+    assert store.complete_steps() == [4, 8, 12] and _snapshot(store, [4, 8, 12]) == before
+    assert store.current().timeline.name == "fresh"

@@ -13,7 +13,8 @@ import pytest
 from fmt_helpers import assert_same
 
 from ravex.format import open_store
-from ravex.format.errors import BadNameError, NameTakenError, StepNotFoundError
+from ravex.format.errors import BadNameError, ManifestError, NameTakenError, StepNotFoundError
+from ravex.format.history.jsondoc import load_named
 from ravex.format.history.timelines import MAIN
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "spec" / "example"
@@ -165,3 +166,34 @@ def test_a_1_0_store_opens_unchanged_as_main(tmp_path):
             assert got.tobytes() == want.tobytes(), path
     report = store.gc(grace_seconds=0)
     assert report.deleted_objects == 0 and report.kept_steps == [1, 2]
+
+
+def test_a_root_timeline_holds_only_its_own_steps_and_gc_keeps_them(store):
+    """``resume: never`` beside another run's steps (spec §19, since 1.5): a timeline without a
+    parent, whose history is its own steps; a plain rerun continues it, GC keeps both histories,
+    and a 1.4 reader's check of a timeline document rejects it (and with it the store) rather
+    than collect what only its steps name."""
+    with store.writer() as w:
+        for s in (10, 20):
+            w.commit(s, state(s))
+    fresh = store.start_root(run="r2")
+    assert (fresh.timeline.name, fresh.timeline.parent, fresh.timeline.fork_step) == ("fresh", None, None)
+    with fresh.writer() as w:
+        for s in (10, 20):
+            w.commit(s, state(s, branch=2))
+    doc = json.loads((Path(store.url) / "timelines" / "fresh.json").read_text())
+    assert doc["version"] == "1.5" and doc["parent"] is None and doc["fork_step"] is None and doc["run"] == "r2"
+    again = open_store(store.url)
+    assert again.current().timeline.name == "fresh"
+    history = again.on_timeline("fresh").lineage_steps()
+    assert [(v.timeline.name, s) for v, s in history] == [("fresh", 10), ("fresh", 20)]
+    assert_same(again.read("fresh@10"), state(10, branch=2))
+    assert_same(again.read("main@20"), state(20))
+    assert again.start_root().timeline.name == "fresh-2"
+    again.gc(keep_last=1)
+    assert_same(again.read("fresh@20"), state(20, branch=2))
+    assert_same(again.read("main@20"), state(20))
+    # a 1.1-1.4 reader's check of a timeline document: a parent and a fork step
+    key = "timelines/fresh.json"
+    with pytest.raises(ManifestError, match="not a timeline document"):
+        load_named((Path(store.url) / key).read_bytes(), key, "timeline", "ravex-timeline", "parent", "fork_step")

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ravex
 from ravex.errors import RestoreError
+from ravex.format import open_store
 from ravex.format.storage import LocalStorage
 
 from . import harness
@@ -271,16 +272,15 @@ def test_resume_never_and_resume_at_a_given_step(tmp_path):
     _train(*_objects(), epochs=1, stop_after=7)
     ravex.flush()
     ravex.deactivate()
-    # a fresh run on a timeline with steps would collide with them: refused at activation
-    # (tests/runtime/test_resume_never.py runs it as a script); nothing is left active
-    with pytest.raises(SystemExit) as stopped:
-        ravex.activate(storage=store, resume="never", checkpoint_on_exit=False)
-    assert stopped.value.code == 2 and not ravex.is_active()
-    ravex.activate(storage=str(tmp_path / "fresh"), resume="never", checkpoint_on_exit=False)
+    # a fresh run on a timeline with steps writes a root timeline of its own beside them
+    # (tests/runtime/test_resume_never.py runs it as a script)
+    ravex.activate(storage=store, resume="never", checkpoint_on_exit=False)
     _train(*_objects(), epochs=1, stop_after=1)
     assert ravex.status()["resumed_from"] is None and ravex.step() == 1
     ravex.deactivate()
-    ravex.activate(storage=store, resume=4, checkpoint_on_exit=False)
+    assert open_store(store).current().timeline.name == "fresh"
+    assert open_store(store).timelines()["fresh"].parent is None
+    ravex.activate(storage=store, resume="main@4", checkpoint_on_exit=False)
     _train(*_objects(), epochs=1, stop_after=1)
     assert ravex.status()["resumed_from"] == 4 and ravex.step() == 5
     ravex.deactivate()

@@ -9,6 +9,8 @@ Layout::
 
 A timeline's document names its ``parent`` and the ``fork_step`` it started from; its own steps
 are all newer than that step, and the parent's steps up to it are its history (its *lineage*).
+A *root* timeline (since 1.5) names neither: a fresh run's own history in a store that holds
+another's (``resume: never``); like ``main``, its steps are all it has.
 The document is created with an exclusive create (:meth:`Storage.create`): of two runs that fork
 the same name, one wins and the other gets :class:`NameTakenError`. Nothing about a timeline is
 ever rewritten, so forking needs no lock and per-rank writes stay lock-free.
@@ -38,11 +40,16 @@ TIMELINES = "timelines"
 TIMELINE_FORMAT = "ravex-timeline"
 #: The spec version of the timeline and tag documents (they first appear in 1.1).
 DOC_VERSION = "1.1"
+#: The version of a root timeline's document: a 1.1-1.4 reader rejects it (no ``parent``),
+#: and with it the store, rather than collect what only that timeline's steps name.
+ROOT_DOC_VERSION = "1.5"
+#: The name a root timeline takes (then ``fresh-2``, ``fresh-3``...).
+ROOT_NAME = "fresh"
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """One branch: its name, where it forked (None for ``main``), and when."""
+    """One branch: its name, where it forked (None for ``main`` and a root timeline), and when."""
 
     name: str
     parent: str | None = None
@@ -74,7 +81,7 @@ def check_timeline_name(name: object) -> str:
 
 def parse_timeline(data: bytes, key: str) -> Timeline:
     """A timeline document, checked; a malformed one is a :class:`ManifestError` naming ``key``."""
-    doc = load_named(data, key, "timeline", TIMELINE_FORMAT, "parent", "fork_step")
+    doc = load_named(data, key, "timeline", TIMELINE_FORMAT, "parent", "fork_step", both_null=True)
     run = doc.get("run")
     return Timeline(doc["name"], doc["parent"], doc["fork_step"], str(doc.get("created_at") or ""),
                     run if isinstance(run, str) else None)
@@ -116,12 +123,17 @@ def lineage(timelines: dict[str, Timeline], name: str) -> list[Timeline]:
     return chain
 
 
-def create_timeline(storage: Storage, name: str, parent: str, fork_step: int, run: str | None = None) -> Timeline:
-    """Fork ``name`` from ``parent`` at ``fork_step``: the document is created once, exclusively.
-    The caller checks that the fork step is a complete step of the parent's lineage."""
+def create_timeline(storage: Storage, name: str, parent: str | None, fork_step: int | None,
+                    run: str | None = None) -> Timeline:
+    """Fork ``name`` from ``parent`` at ``fork_step``, or with both None start a root timeline:
+    the document is created once, exclusively. The caller checks that the fork step is a
+    complete step of the parent's lineage."""
     check_timeline_name(name)
-    timeline = Timeline(name, parent, int(fork_step), clock.now_iso(), run)
-    doc = {"format": TIMELINE_FORMAT, "version": DOC_VERSION, **timeline.to_json()}
+    if (parent is None) != (fork_step is None):
+        raise ValueError("a timeline names both its parent and its fork step, or neither (a root)")
+    timeline = Timeline(name, parent, None if fork_step is None else int(fork_step), clock.now_iso(), run)
+    version = DOC_VERSION if parent is not None else ROOT_DOC_VERSION
+    doc = {"format": TIMELINE_FORMAT, "version": version, **timeline.to_json()}
     if run is None:
         del doc["run"]
     if not storage.create(timeline_key(name), json.dumps(doc, indent=2).encode() + b"\n"):
@@ -132,10 +144,11 @@ def create_timeline(storage: Storage, name: str, parent: str, fork_step: int, ru
     return timeline
 
 
-def fork_name(existing: dict[str, Timeline] | set[str], parent: str, step: int) -> str:
+def fork_name(existing: dict[str, Timeline] | set[str], parent: str | None, step: int | None) -> str:
     """The name an automatic fork takes: ``<parent>-<step>``, then ``-2``, ``-3``... when taken
-    (a second roll-back to the same step). Cut to fit :data:`MAX_LABEL`."""
-    base = f"{parent}-{step}"[:MAX_LABEL - 4]
+    (a second roll-back to the same step); a root timeline's, :data:`ROOT_NAME` and on. Cut to
+    fit :data:`MAX_LABEL`."""
+    base = (ROOT_NAME if parent is None else f"{parent}-{step}")[:MAX_LABEL - 4]
     name, n = base, 1
     while name in existing or name == MAIN:
         n += 1
