@@ -51,6 +51,7 @@ def env_for(workdir, spec):
         env["RS_SEED"] = str(spec["seed"])
     if spec.get("spawned"):
         env["RS_SPAWNED"] = "1"
+    env.update(spec.get("env", {}))
     return env
 
 
