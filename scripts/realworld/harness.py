@@ -51,6 +51,7 @@ def env_for(workdir, spec):
         env["RS_SEED"] = str(spec["seed"])
     if spec.get("spawned"):
         env["RS_SPAWNED"] = "1"
+    env.update(spec.get("env", {}))
     return env
 
 
@@ -444,7 +445,9 @@ def main():
         lo = every + 1 if ref_store else 5
         candidates = [s for s in range(lo, total) if s % every != 0]
         ref_lines = script_lines(ref["out"], norm)
-        for t in range(args.trials):
+        if not candidates:  # the reference trained nothing (it failed): no kill point, no trial
+            print(f"[{name}] no step to kill at (reference rc={ref['rc']}, total={total}): no trial", flush=True)
+        for t in range(args.trials if candidates else 0):
             target = rng.choice(candidates)
             tdir = os.path.join(base, f"trial{t}")
             fresh(tpl, tdir, sub, yaml)

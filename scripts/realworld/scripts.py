@@ -13,7 +13,7 @@ pythonpath (folders, relative to the run directory, put on PYTHONPATH after the 
 seed (RS_SEED: the instrumentation calls torch.manual_seed right after `import torch`, for a script
 that seeds nothing), rename ((regex, replacement) applied
 to output file paths and to strings inside .pt files before comparing, for run ids made of the
-clock).
+clock), env (variables set for every run of the script).
 """
 
 import os
@@ -300,4 +300,137 @@ SCRIPTS["pytorch-template"] = dict(
     build=pytorch_template, cmd="train.py -c rs_config.json",
     every=20, counter=r"^Train Epoch: (\d+) \[(\d+)/", counter_desc="epoch, sample",
     outputs=["saved/models"], rename=(r"\b\d{4}_\d{6}\b", "<run_id>"),  # ConfigParser's run id: the clock
+)
+
+
+# ── frameworks: HF Accelerate (datasets before torch), timm's train.py, Lightning ─────────
+
+def _word_lines(path, n_lines, seed):
+    """n_lines lines of 6-18 words drawn from 60 made-up words (a text corpus for a tiny tokenizer)."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{chr(97 + i % 26)}{chr(97 + (i * 7) % 26)}{i}" for i in range(60)]
+    with open(path, "w") as fh:
+        for _ in range(n_lines):
+            fh.write(" ".join(words[j] for j in rng.integers(0, len(words), int(rng.integers(6, 19)))) + "\n")
+
+
+def hf_clm(tpl):
+    """transformers' examples/pytorch/language-modeling/run_clm_no_trainer.py (Accelerate loop; imports
+    `datasets` before torch), with a tiny byte-level BPE tokenizer trained here, a 2-layer GPT-2 config
+    and local text files: nothing from the Hub."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    d = f"{tpl}/clm"
+    os.makedirs(d)
+    shutil.copy(f"{SRC}/transformers/examples/pytorch/language-modeling/run_clm_no_trainer.py", d)
+    _word_lines(f"{d}/train.txt", 400, 5)
+    _word_lines(f"{d}/valid.txt", 40, 6)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train([f"{d}/train.txt"], trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>", model_max_length=64)
+    fast.save_pretrained(f"{d}/tok")
+    eos = tok.token_to_id("<|endoftext|>")
+    GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+               bos_token_id=eos, eos_token_id=eos).save_pretrained(f"{d}/cfg")
+    return "clm"
+
+
+HF_CLM_CMD = ("run_clm_no_trainer.py --config_name cfg --tokenizer_name tok --train_file train.txt"
+              " --validation_file valid.txt --block_size 32 --per_device_train_batch_size 4"
+              " --per_device_eval_batch_size 8 --num_train_epochs 2 --learning_rate 1e-3 --seed 0 --output_dir out")
+SCRIPTS["hf-clm"] = dict(
+    build=hf_clm, cmd=HF_CLM_CMD, every=20,
+    counter=r"^.*epoch (\d+): perplexity", counter_desc="epoch (eval)", outputs=["out"],
+)
+SCRIPTS["hf-clm-ddp"] = dict(  # the same under torchrun, 2 ranks. Accelerate takes MULTI_CPU (gloo) only with
+    # ACCELERATE_USE_CPU=true (what `accelerate launch --cpu` sets; without it each rank trains alone, NO)
+    build=hf_clm, cmd=f"{TORCHRUN} {HF_CLM_CMD}", every=20, nproc=2, env={"ACCELERATE_USE_CPU": "true"},
+    counter=r"^.*epoch (\d+): perplexity", counter_desc="epoch (eval)", outputs=["out"],
+)
+
+
+def timm_train(tpl):
+    """pytorch-image-models' train.py run from its source tree (its own timm/ package), on a generated
+    ImageFolder: 4 classes x 24 train / 8 validation 32x32 PNGs."""
+    from PIL import Image
+
+    _copy(f"{SRC}/pytorch-image-models", f"{tpl}/pytorch-image-models")
+    rng = np.random.default_rng(7)
+    for split, n in (("train", 24), ("validation", 8)):
+        for c in range(4):
+            d = f"{tpl}/pytorch-image-models/data/{split}/c{c}"
+            os.makedirs(d, exist_ok=True)
+            for i in range(n):
+                img = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+                img[:, :, c % 3] = np.clip(img[:, :, c % 3].astype(int) + 60 * c, 0, 255)
+                Image.fromarray(img).save(f"{d}/{i}.png")
+    return "pytorch-image-models"
+
+
+SCRIPTS["timm"] = dict(
+    build=timm_train,
+    cmd=("train.py --data-dir data --model resnet10t --num-classes 4 --img-size 32 --batch-size 8 -vb 16"
+         " --epochs 6 --sched cosine --warmup-epochs 0 --lr 0.05 --workers 2 --model-ema --model-ema-decay 0.9"
+         " --device cpu --seed 0 --log-interval 4 --checkpoint-hist 2 --output out --experiment rs"),
+    every=20, counter=r"^Train: (\d+) \[ *(\d+)/", counter_desc="epoch, update", outputs=["out"],
+)
+
+
+def _mnist_full(raw, n_train, n_test, seed):
+    os.makedirs(raw, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        _idx(f"{raw}/{prefix}-images-idx3-ubyte", 2051, rng.integers(0, 256, (n, 28, 28)))
+        _idx(f"{raw}/{prefix}-labels-idx1-ubyte", 2049, rng.integers(0, 10, (n,)))
+
+
+def lightning_cls(tpl):
+    """Lightning's examples/pytorch/basics/backbone_image_classifier.py (LightningCLI, Trainer with its
+    default ModelCheckpoint; test and predict on ckpt_path="best" after fit) on random MNIST files: the
+    script splits 60000 training images 55000/5000, so the full count is written."""
+    base = f"{tpl}/lightning/examples"
+    os.makedirs(f"{base}/pytorch/basics")
+    shutil.copy(f"{SRC}/pytorch-lightning/examples/pytorch/basics/backbone_image_classifier.py", f"{base}/pytorch/basics")
+    _mnist_full(f"{base}/Datasets/MNIST/raw", 60000, 10000, 8)  # DATASETS_PATH: examples/Datasets
+    os.symlink("../../Datasets", f"{base}/pytorch/basics/data")  # demos' MNIST() first checks ./data
+    return "lightning/examples/pytorch/basics"
+
+
+SCRIPTS["lightning-cli"] = dict(
+    build=lightning_cls,
+    cmd=("backbone_image_classifier.py --trainer.max_epochs=3 --trainer.limit_train_batches=50"
+         " --trainer.limit_val_batches=4 --trainer.limit_test_batches=4 --trainer.limit_predict_batches=2"
+         " --trainer.accelerator=cpu --trainer.devices=1 --trainer.log_every_n_steps=10 --data.batch_size=32"),
+    every=20, counter=r"^Epoch (\d+):.*\| (\d+)/\d+ \[", counter_desc="epoch, batch",
+    outputs=["lightning_logs"],
+)
+
+
+def lightning_lm(tpl):
+    """Lightning's examples/pytorch/basics/transformer.py (plain Trainer, max_epochs=20, shuffled loader;
+    lightning.pytorch.demos' Transformer and WikiText2, which reads ./data/wikitext-2.txt when it is
+    there): 4100 blocks of 35 random words, so the script's split (n - 4000, 2000, 2000) trains on 100
+    samples, 5 batches of 20 per epoch."""
+    base = f"{tpl}/lightning/examples/pytorch/basics"
+    os.makedirs(f"{base}/data")
+    shutil.copy(f"{SRC}/pytorch-lightning/examples/pytorch/basics/transformer.py", base)
+    rng = np.random.default_rng(9)
+    words = [f"t{i}" for i in range(100)]
+    left = 4102 * 35
+    with open(f"{base}/data/wikitext-2.txt", "w") as fh:
+        while left > 0:
+            k = int(rng.integers(9, 20))
+            fh.write(" " + " ".join(words[j] for j in rng.integers(0, len(words), k)) + " \n")
+            left -= k + 1  # + <eos>
+    return "lightning/examples/pytorch/basics"
+
+
+SCRIPTS["lightning-lm"] = dict(
+    build=lightning_lm, cmd="transformer.py", every=20,
+    counter=r"^Epoch (\d+):.*\| (\d+)/\d+ \[", counter_desc="epoch, batch", outputs=["lightning_logs"],
 )

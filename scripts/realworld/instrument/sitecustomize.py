@@ -141,22 +141,30 @@ def _install():
 class _AfterTorch:
     """Meta path finder: after `import torch` finishes (and Ravex's hook ran), install ours."""
 
+    busy = False
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch":
+        # A probe (importlib.util.find_spec("torch"), as datasets and transformers do before importing
+        # it) also lands here: stay on sys.meta_path until torch's module is really executed.
+        if fullname != "torch" or self.busy:
             return None
-        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-        spec = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if find is not None:
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
+        self.busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is not self and find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            self.busy = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
 
         def exec_module(module):
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
             original(module)
             _install()
 
