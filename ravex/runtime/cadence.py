@@ -27,6 +27,8 @@ import time
 from types import FrameType
 from typing import Any
 
+import torch
+
 from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
 from ravex.format.history.runs import RunRecord
 from ravex.saving.backend import CheckpointBackend
@@ -243,8 +245,10 @@ class Cadence(Resume):
             st.explicit_next = position.drawn_explicitly(sys._getframe(2))
         if not self._due:
             self._check_time()
-        if st.explicit_next and self.loop_position.watching():
-            return  # the loop's head takes it, where a rerun can come back to
+        if self.loop_position.watching() and (st.explicit_next or not torch.is_grad_enabled()):
+            # the loop's head takes it, where a rerun can come back to; a loader drawn with
+            # gradients off is an evaluation's between two epochs, not the training loop's
+            return
         if self._due or self._exit_signal is not None:
             self._clear_forward_hook()
             self._boundary(st)

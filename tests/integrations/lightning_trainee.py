@@ -20,6 +20,7 @@ to ``after.ckpt``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -146,6 +147,9 @@ def main() -> None:
     if MODE == "zero":
         io = trainer.strategy.checkpoint_io  # the plugin Ravex gave the Trainer under `ravex enable`
         _say(f"IO {type(io).__name__}")
+        # what a later trainer.test() without ckpt_path would load, and the signature LightningCLI reads
+        _say(f"CKPT_PATH {trainer.ckpt_path}")
+        _say("SIGNATURE " + ",".join(list(inspect.signature(type(trainer).__init__).parameters)[1:4]))
     if io is not None:
         new, reused = ([getattr(s, name) for s in io.stats] for name in ("new_chunks", "reused_chunks"))
         _say(f"STATS {json.dumps(new, separators=(',', ':'))} {json.dumps(reused, separators=(',', ':'))}")

@@ -253,6 +253,11 @@ def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files
     assert rerun.returncode == 0, rerun.explain()
     assert not [line for line in rerun.stdout if line.startswith(("START", "STEP"))], rerun.explain()
     assert f"resuming from step {STEPS}" in rerun.stderr and "NOT restored" not in rerun.stderr, rerun.stderr
+    # the take-over's resume is not left as the Trainer's ckpt_path for a later test()/validate(),
+    # and the Trainer's own signature shows through its wrapped __init__ (LightningCLI reads it)
+    for run in (first, rerun):
+        assert "CKPT_PATH None" in run.stdout, run.explain()
+        assert "SIGNATURE accelerator,strategy,devices" in run.stdout, run.explain()
     for name, data in written.items():
         assert (tmp_path / name).read_bytes() == data, f"{name} differs from the first run's"
     assert open_store(tmp_path / "ckpt").step_numbers() == steps and not _lines(rerun), rerun.explain()

@@ -14,6 +14,9 @@ from typing import Any
 from .plugin import RavexCheckpointIO
 from .settings import ZeroCode
 
+#: the pointer file the zero-code take-over sets as a resuming Trainer's ``ckpt_path``
+RESUME_POINTER = "resume.ckpt"
+
 
 class _EveryN:
     """Saves every ``checkpoint_every`` global steps (and at the end of ``fit``) to a pointer file
@@ -138,6 +141,10 @@ class _EveryN:
             rank = self._rank()
             _set_rng_state(_of_rank(resumed["rng"], rank))
             self.epoch_rng = _of_rank(resumed.get("epoch_rng"), rank)
+        if stage == "fit" and trainer.ckpt_path == os.path.join(self.settings.pointers, RESUME_POINTER):
+            # the take-over's resume, not the script's: a later test()/validate()/predict() picks
+            # its checkpoint as in a run never stopped (Lightning keeps a ckpt_path set by hand)
+            trainer.ckpt_path = None
 
     def _save(self, trainer: Any) -> None:
         self.last_step, self.due = trainer.global_step, False

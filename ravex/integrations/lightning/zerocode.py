@@ -18,7 +18,7 @@ from ravex.format import CheckpointStore, open_store
 from ravex.format.history.timelines import split_ref
 from ravex.saving.backend import LIGHTNING_KEY
 
-from .loop import _PATCHED, _EveryN, _loader_iter
+from .loop import _PATCHED, RESUME_POINTER, _EveryN, _loader_iter
 from .plugin import GLOBAL_STEP_KEY, PACKAGES, RavexCheckpointIO, ZeroCodeIO, _register
 from .pointers import Ref, _ref, write_pointer
 from .settings import ZeroCode
@@ -77,6 +77,9 @@ def install(runtime: LightningRuntime, settings: ZeroCode, replace: Replace,
     lightning = _package(package)
 
     def make(original: Any) -> Any:
+        # the Trainer's own signature shows through: LightningCLI (jsonargparse) reads the
+        # parameters it accepts from it
+        @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
             _take_over(runtime, settings, self, lightning)
@@ -103,7 +106,7 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, ligh
     trainer.callbacks.append(lightning.cadence(settings, io))
     runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{start.describe()}")
     if start.step is not None and trainer.ckpt_path is None:
-        path = os.path.join(settings.pointers, "resume.ckpt")
+        path = os.path.join(settings.pointers, RESUME_POINTER)
         write_pointer(path, start.url or settings.url, start.step)  # every rank the same bytes, atomically: no wait
         trainer.ckpt_path = path
 

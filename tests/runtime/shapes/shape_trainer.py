@@ -167,3 +167,15 @@ def train_one_epoch(epoch, model, loader, opt, num_updates):
         say(f"STEP {epoch} {batch_idx} {num_updates} {(loss_sum / seen).hex()} {loss.item().hex()}")
         done_step()
     return num_updates, loss_sum / seen
+
+
+def evaluate(model, loader):
+    """The evaluation after each epoch, under ``no_grad`` over a loader of its own: its ``next()``
+    is no place for the checkpoint the epoch's last step made due."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += int((model(x).argmax(1) == y).sum())
+    model.train()
+    return correct
