@@ -132,7 +132,27 @@ class RankPlan:
     doc: str | None  # rank 0 only: the DCP document for its manifest
 
 
-class RavexStorageWriter(StorageWriter):
+class _OnStore:
+    """What the writer and the reader share: the store they address (a ``checkpoint_id`` DCP
+    passes replaces it) and the one way they open it."""
+
+    def __init__(self, store_url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.url = os.fspath(store_url)
+        self.storage_options = storage_options
+
+    def _retarget(self, checkpoint_id: str | os.PathLike[str] | None) -> bool:
+        """``checkpoint_id`` given: address it from now on (True)."""
+        if checkpoint_id is None:
+            return False
+        self.url = os.fspath(checkpoint_id)
+        return True
+
+    def _open(self, create: bool = False) -> CheckpointStore:
+        return open_store(self.url, create=create, storage_options=self.storage_options)
+
+
+class RavexStorageWriter(_OnStore, StorageWriter):
     """A DCP ``StorageWriter`` that writes each ``dcp.save`` as one step of a Ravex store.
 
     ``store_url`` is a path or fsspec URL (``checkpoint_id``, if ``dcp.save`` is given one,
@@ -148,18 +168,15 @@ class RavexStorageWriter(StorageWriter):
         compression: str = "none",
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.url = os.fspath(store_url)
+        super().__init__(store_url, storage_options)
         self.step = step
         self.compression = compression
-        self.storage_options = storage_options
         self._rank = 0
         self._local_whole: dict[str, tuple[Any, ...]] = {}
         self._plan: RankPlan | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id is not None:
-            self.url = os.fspath(checkpoint_id)
+        self._retarget(checkpoint_id)
         self._plan = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -220,7 +237,7 @@ class RavexStorageWriter(StorageWriter):
             "values": values,
             "planner_data": planner_data,
         }
-        store = open_store(self.url, create=True, storage_options=self.storage_options)
+        store = self._open(create=True)
         step = self.step if self.step is not None else max(store.step_numbers(), default=-1) + 1
         run = uuid.uuid4().hex
         text = json.dumps(encode_value(doc, _no_arrays), separators=(",", ":"))
@@ -273,7 +290,7 @@ class RavexStorageWriter(StorageWriter):
                     element = numpy_view(torch.empty(0, dtype=_dtype(layout.dtype))).dtype
                     empty = np.empty((0, *layout.shape[1:]), element)
                     _insert(tree, assignment.keys[fqn], ArrayShard(empty, layout.shape, 0, layout.chunk_rows), fqn)
-        store = open_store(self.url, storage_options=self.storage_options)
+        store = self._open()
         metadata = {DOC_KEY: assignment.doc} if assignment.doc is not None else None
         with store.writer(
             rank=assignment.rank, world_size=assignment.world_size, compression=self.compression, run=assignment.run
@@ -289,7 +306,7 @@ class RavexStorageWriter(StorageWriter):
         assignment = self._plan
         if assignment is None:
             raise RuntimeError("RavexStorageWriter.finish before write_data")
-        store = open_store(self.url, storage_options=self.storage_options)
+        store = self._open()
         info = store.step_info(assignment.step)
         if not info.complete:
             raise RuntimeError(f"DCP save to {self.url!r}: step {assignment.step} is not complete ({info.problem})")
@@ -303,7 +320,7 @@ class RavexStorageWriter(StorageWriter):
         return _is_store(checkpoint_id)
 
 
-class RavexStorageReader(StorageReader):
+class RavexStorageReader(_OnStore, StorageReader):
     """A DCP ``StorageReader`` over one complete step of a Ravex store written by
     :class:`RavexStorageWriter` (``step``: a number or ``"latest"``, resolved once)."""
 
@@ -313,24 +330,20 @@ class RavexStorageReader(StorageReader):
         step: int | str = "latest",
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.url = os.fspath(store_url)
+        super().__init__(store_url, storage_options)
         self.step = step
-        self.storage_options = storage_options
         self._reader: StepReader | None = None
         self._chunks: dict[tuple[str, tuple[int, ...]], Chunk] = {}
         self._values: dict[str, tuple[int, Key]] = {}
         self._trees: dict[int, Any] = {}
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id is not None:
-            self.url = os.fspath(checkpoint_id)
+        if self._retarget(checkpoint_id):
             self._reader = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self._reader is None:
-            store: CheckpointStore = open_store(self.url, storage_options=self.storage_options)
-            self._reader = store.open_step(self.step)
+            self._reader = self._open().open_step(self.step)
             self._trees = {}
         reader = self._reader
         text = reader.metadata.get(DOC_KEY)
