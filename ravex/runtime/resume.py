@@ -471,7 +471,8 @@ class Resume:
                               "its loop at %s, whose own condition decides whether it trains on (the same "
                               "bounds train nothing, larger ones the added steps)", self.step,
                               position.describe(self.loop_position.reentry.script))
-            return  # a finished run's final step has no witness: nothing trained after it
+            self.witness.resumed(self.step, self.backend, self._saved_world_size, finished=True)
+            return
         if self.loop_position.reentry is not None and self.loop_position.reentry.mode == "after":
             self._sync_loaders(tree)
             after = self.loop_position.reentry.script["frames"][-1]["after"]["line"]

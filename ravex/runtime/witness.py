@@ -111,6 +111,8 @@ class _Check:
     length: int  # the steps this run records before it concludes (the same on every rank)
     why_not: str = ""
     mine: list[WitnessEntry] = field(default_factory=list)
+    #: the step a finished run ended with: said only once a step trains after it (a larger bound)
+    finished: bool = False
 
 
 class ResumeWitness:
@@ -150,14 +152,20 @@ class ResumeWitness:
 
     # ── the run that resumes one ────────────────────────────────────────
 
-    def resumed(self, step: int, backend: CheckpointBackend, saved_world_size: int) -> None:
-        """The checkpoint of ``step`` was restored: compare the next steps with its witness."""
+    def resumed(self, step: int, backend: CheckpointBackend, saved_world_size: int, finished: bool = False) -> None:
+        """The checkpoint of ``step`` was restored: compare the next steps with its witness.
+        ``finished``: the step a finished run ended with, which no step followed; a rerun that
+        trains on past it (a larger bound) says that its resume is not verified, one that trains
+        nothing says nothing."""
         if not self.enabled:
             return
         self.backend = backend
         why_not = ""
         stored: tuple[WitnessEntry, ...] = ()
-        if saved_world_size != self.world_size:
+        if finished:
+            why_not = (f"step {step} is where the run that wrote it finished, so no step after it was "
+                       "recorded to compare; the added steps start from its exact state")
+        elif saved_world_size != self.world_size:
             why_not = (f"the world size changed ({saved_world_size} -> {self.world_size} ranks), so each "
                        "rank's batches differ by design")
         else:
@@ -170,7 +178,7 @@ class ResumeWitness:
                 stored = witness.entries[:self.length]
             if not stored and not why_not:
                 why_not = f"no step after step {step} had finished when the run that wrote it stopped"
-        self._check = _Check(step, stored, self.length, why_not)
+        self._check = _Check(step, stored, self.length, why_not, finished=finished)
         self._start()
 
     # ── both: one step's record ─────────────────────────────────────────
@@ -215,7 +223,7 @@ class ResumeWitness:
     def finish(self) -> None:
         """The run ends: a check still open concludes with the steps it has (no collective:
         the other ranks may be gone)."""
-        if self._check is not None:
+        if self._check is not None and (self._check.mine or not self._check.finished):
             self._conclude(agree=False)
         self._writing = None
         self._stop()

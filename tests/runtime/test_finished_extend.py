@@ -67,6 +67,7 @@ def test_finished_run_rerun_with_the_same_bound_trains_nothing_and_runs_what_fol
     assert _lines(again, TRAINING) == [], again.explain()
     assert _lines(again, ("RESULT ",)) == _lines(first, ("RESULT ",)) != [], again.explain()
     assert "training is not run again" not in again.stderr, again.explain()
+    assert again.witness is None, again.explain()  # nothing trained: nothing to verify, nothing said
     harness.assert_same_state(torch.load(tmp_path / "out-again.pt", weights_only=False),
                               torch.load(tmp_path / "out-first.pt", weights_only=False))
     assert _files(tmp_path) == before
@@ -94,6 +95,9 @@ def test_finished_run_rerun_with_a_larger_bound_trains_exactly_the_added_steps(n
     more = _run(case.script, tmp_path, longer, T_ENTRY="activate", T_OUT=str(tmp_path / "out-more.pt"))
     assert more.returncode == 0 and more.resumed_from == case.steps, more.explain()
     assert _lines(more, TRAINING) == added, more.explain()
+    # no step followed the finished run's last: the witness says it had nothing to compare
+    assert (more.witness or "").startswith(f"ravex: resume not verified (resumed from step {case.steps}): "
+                                           f"step {case.steps} is where the run that wrote it finished"), more.explain()
     assert _lines(more, ("RESULT ",)) == _lines(ref, ("RESULT ",)), more.explain()
     harness.assert_same_state(torch.load(tmp_path / "out-more.pt", weights_only=False),
                               torch.load(reference / "out-ref.pt", weights_only=False))
