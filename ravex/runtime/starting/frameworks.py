@@ -32,9 +32,9 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-from .config import RavexConfig
-from .patches import Patches
-from .runrecord import RECORD_DIR, store_key
+from ..config import RavexConfig
+from ..patches import Patches
+from ..recording.runrecord import RECORD_DIR, store_key
 
 
 def _install_hf(runtime: Any, patches: Patches) -> None:

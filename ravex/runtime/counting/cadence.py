@@ -33,17 +33,18 @@ from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 from ravex.version import __version__
 
-from . import position, provenance
+from .. import position
+from ..config import RavexConfig
+from ..distributed import collectives, layout
+from ..position import Loop, main_loop_site
+from ..recording import provenance
+from ..recording.loss import LastLoss
+from ..recording.witness import ResumeWitness
+from ..restoring.resume import Resume
+from ..state.chunking import chunk_bytes_for
+from ..state.plan import collect, staged_sizes
+from ..state.registry import KINDS, LoaderState
 from .breaker import CircuitBreaker
-from .chunking import chunk_bytes_for
-from .config import RavexConfig
-from .distributed import collectives, layout
-from .loss import LastLoss
-from .plan import collect, staged_sizes
-from .position import Loop, main_loop_site
-from .registry import KINDS, LoaderState
-from .resume import Resume
-from .witness import ResumeWitness
 
 logger = logging.getLogger("ravex")
 

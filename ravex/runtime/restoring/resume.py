@@ -24,14 +24,15 @@ from ravex.errors import ConfigError, LeaseLostError, RestoreError, TimelineBusy
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.load import read_refs
 
-from . import patches, position, restore, rng, workers
-from .config import RavexConfig
-from .distributed import collectives, layout
-from .lookahead import LookAhead
-from .plan import script_name
-from .position import Entry, Loop, LoopPosition, Reentry, advice
-from .registry import LoaderState, Registry
-from .witness import ResumeWitness
+from .. import patches, position
+from ..config import RavexConfig
+from ..distributed import collectives, layout
+from ..position import Entry, Loop, LoopPosition, Reentry, advice
+from ..recording.witness import ResumeWitness
+from ..state import restore, rng, workers
+from ..state.lookahead import LookAhead
+from ..state.plan import script_name
+from ..state.registry import LoaderState, Registry
 
 logger = logging.getLogger("ravex")
 

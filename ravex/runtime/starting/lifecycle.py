@@ -32,10 +32,12 @@ from ravex.errors import ConfigError, RestoreError, TimelineBusyError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 
-from . import frameworks, patches, runrecord, spawned
-from .cadence import Cadence
-from .config import RavexConfig
-from .registry import LoaderState
+from .. import patches
+from ..config import RavexConfig
+from ..counting.cadence import Cadence
+from ..recording import runrecord
+from ..state.registry import LoaderState
+from . import frameworks, spawned
 
 logger = logging.getLogger("ravex")
 
@@ -323,7 +325,7 @@ class RavexRuntime(Cadence):
 
     def _scan_existing(self) -> None:
         """``activate()`` after the model was built: find what already exists (:mod:`.scan`)."""
-        from .scan import scan
+        from ..state.scan import scan
 
         scan(self.registry)
 
