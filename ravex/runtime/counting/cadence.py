@@ -386,8 +386,8 @@ class Cadence(Resume):
         a crashed run's partial steps. With several ranks that is part of their agreement (run
         without a resume, ``resume: never``, it runs here)."""
         if self.world_size > 1:
-            if backend.multi_rank_steps and not self._run_agreed:
-                self._agree_on_steps(backend, [])
+            if backend.multi_rank_steps and not self.reading.run_agreed:
+                self.reading.agree_on_steps(backend, [])
             backend.claim()
             return
         backend.claim()

@@ -134,7 +134,6 @@ class RavexRuntime(Cadence):
         self._excepthook: tuple[Any, Any] | None = None
         #: what the framework integrations (:mod:`.frameworks`) add to every checkpoint, by name
         self._integrations: dict[str, Callable[[], Any]] = {}
-        self._saved_integrations: dict[str, Any] = {}  # their entries in the resumed step
 
     def activate(self, scan_existing: bool = True) -> None:
         _setup_logging(self.config.log_level)
@@ -193,9 +192,9 @@ class RavexRuntime(Cadence):
     def integration_state(self, name: str) -> Any:
         """What ``integrations/<name>`` held in the step this rerun resumes from; None when it
         resumes nothing. Read before the restore, so a framework can place its loop first."""
-        if self.backend is not None and (self._candidates or self.world_size > 1):
+        if self.backend is not None and (self.reading.candidates or self.world_size > 1):
             self._load_resume()
-        return self._saved_integrations.get(name)
+        return self.reading.integrations.get(name)
 
     def position_loader(self, loader: Any, epoch: int, consumed: int) -> bool:
         """A framework that counts the batches its loop consumed puts ``loader`` there: its next
@@ -205,7 +204,7 @@ class RavexRuntime(Cadence):
         if self.backend is None:
             return False
         self._load_resume()
-        saved = self._resume_loaders or []
+        saved = self.reading.loaders or []
         index = next((i for i, obj in enumerate(self.registry.live("loaders")) if obj is loader), None)
         if index is None or index >= len(saved) or int(saved[index]["epoch"]) != epoch:
             return False
@@ -257,18 +256,12 @@ class RavexRuntime(Cadence):
     def _stand_down(self) -> None:
         """Restore nothing, checkpoint nothing, leave the signals as they were; the patches stay."""
         self.enabled = False
-        self._candidates = []
+        self.reading.candidates = []
         self.drop_triggers()
         self._clear_forward_hook()
         self.loop_position.stop()
         self._restore_signals()
         self._stop_watch()
-
-    def _load_resume(self) -> dict[str, Any] | None:
-        tree = super()._load_resume()
-        if tree is not None and not self._saved_integrations:
-            self._saved_integrations = dict(tree.get("integrations") or {})
-        return tree
 
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
         plan = super()._plan(backend, st, reason)
@@ -281,7 +274,7 @@ class RavexRuntime(Cadence):
         """The complete step this run found to resume from (the one read, once one was)."""
         if self.resumed_from is not None:
             return self.resumed_from
-        return self._candidates[0] if self._candidates else None
+        return self.reading.candidates[0] if self.reading.candidates else None
 
     def restored_step(self) -> int | None:
         """The step restored into the live objects, None until (unless) that happened."""
@@ -310,7 +303,7 @@ class RavexRuntime(Cadence):
         if counts["models"] == 0 and counts["optimizers"] == 0:
             cause = ("no model or optimizer existed to restore into; create them before the loop, "
                      "after Ravex is active")
-        elif self._resume_loaded:
+        elif self.reading.loaded:
             cause = ("every epoch the loop asked for had finished before the checkpoint, so it ran "
                      "no forward pass or optimizer step (an epoch range the checkpoint already "
                      "completed; or a framework with its own loop, such as HF Trainer, that took the "
