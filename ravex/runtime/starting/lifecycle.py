@@ -147,11 +147,11 @@ class RavexRuntime(Cadence):
         if self.other_script is not None:
             return  # another script's store: this run stays off (said by _plan_resume)
         self._claim_timeline()  # another run still writing this timeline stops this one here
-        self._install_signals()
+        self.signals.install()
         self._start_watch()
         self._wrap_excepthook()
         self.enabled = True
-        self._prepare_staging()  # what the scan found; the first step adds the optimizer's state
+        self.contents.prepare_staging(self.backend)  # what the scan found; the first step adds the optimizer's state
 
     def shutdown(self, final_checkpoint: bool = True) -> None:
         """Final checkpoint (``checkpoint_on_exit``), flush, close; remove patches."""
@@ -160,7 +160,7 @@ class RavexRuntime(Cadence):
         self._shut = True
         try:
             if (final_checkpoint and self.enabled and self.config.checkpoint_on_exit
-                    and not self._crashed and self._steps_here > 0
+                    and not self.signals.crashed and self._steps_here > 0
                     and self.step != self.last_checkpoint_step):
                 self.exit_checkpoint()
             self.witness.finish()
@@ -172,11 +172,11 @@ class RavexRuntime(Cadence):
         finally:
             self.enabled = False
             self.drop_triggers()
-            self._keepalive.clear()
+            self.contents.release()
             self._clear_forward_hook()
             self.lookahead.close()
             self.loop_position.stop()
-            self._restore_signals()
+            self.signals.restore()
             self._stop_watch()
             self._unwrap_excepthook()
             if self._patches is not None:
@@ -212,11 +212,6 @@ class RavexRuntime(Cadence):
         st: LoaderState = self.registry.loader_state(loader)
         st.epoch = epoch - 1  # the next __iter__ is the saved epoch, not one passed through empty
         return True
-
-    @property
-    def steps_here(self) -> int:
-        """Optimizer steps this process has taken (a resumed run counts from 0 again)."""
-        return self._steps_here
 
     def stand_down_for_spawned_ranks(self) -> None:
         """This process starts the job's ranks (:mod:`.spawned`) and trains nothing itself: it
@@ -260,7 +255,7 @@ class RavexRuntime(Cadence):
         self.drop_triggers()
         self._clear_forward_hook()
         self.loop_position.stop()
-        self._restore_signals()
+        self.signals.restore()
         self._stop_watch()
 
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
@@ -283,7 +278,7 @@ class RavexRuntime(Cadence):
     def _report_resume(self) -> None:
         """At exit: a found step never restored is one line on stderr; the outcome is recorded."""
         found, restored = self.found_step(), self.restored_step()
-        if found is not None and restored is None and not self._crashed:
+        if found is not None and restored is None and not self.signals.crashed:
             assert self.backend is not None  # steps are found through an open backend
             logger.warning("ravex: checkpoint step %d in %s was found but NOT restored: %s",
                            found, self.backend.url, self._why_unrestored())
@@ -291,7 +286,7 @@ class RavexRuntime(Cadence):
             store=runrecord.store_key(self.config),
             ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             pid=self.pid, found=found, restored=restored, steps=self._steps_here,
-            crashed=self._crashed)
+            crashed=self.signals.crashed)
         try:
             runrecord.write(self.config, record)
         except OSError as exc:
@@ -332,7 +327,7 @@ class RavexRuntime(Cadence):
         def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             alive = runtime()
             if alive is not None:
-                alive._crashed = True
+                alive.signals.crashed = True
             if isinstance(value, RestoreError):  # a found checkpoint that does not fit: one line
                 sys.stderr.write(f"ravex: {value}\n")
                 return
