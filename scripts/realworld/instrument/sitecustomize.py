@@ -145,23 +145,9 @@ class _AfterTorch:
         if fullname != "torch":
             return None
         sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-        spec = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if find is not None:
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        original = spec.loader.exec_module
+        from ravex.runtime.finders import after_exec, spec_from_others  # not before: every process loads this file
 
-        def exec_module(module):
-            original(module)
-            _install()
-
-        spec.loader.exec_module = exec_module
-        return spec
+        return after_exec(spec_from_others(self, fullname, path, target), _install)
 
 
 def _launcher():
