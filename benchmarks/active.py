@@ -42,8 +42,8 @@ class Active:
         if self.registered is None:
             self.rt = ravex.activate(**self.overrides)
         else:
-            from ravex.runtime import lifecycle
             from ravex.runtime.config import RavexConfig
+            from ravex.runtime.starting import lifecycle
 
             self.rt = lifecycle.start(RavexConfig.load(self.overrides), scan_existing=False)
             for kind, obj in self.registered:

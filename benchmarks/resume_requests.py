@@ -5,7 +5,7 @@ Issue 24 items 2 and 7. A store is written by ``W`` in-process ranks (``--steps`
 multi-rank steps, each rank a sharded array, a share of replicated ones and its per-rank
 section, as :mod:`benchmarks.ranks` writes them), then each simulated rank opens a fresh
 ``ZarrBackend`` over a request-counting storage and makes the backend calls the runtime
-(``ravex/runtime/resume.py``) makes at a resume, in its order:
+(``ravex/runtime/restoring/reading.py``) makes at a resume, in its order:
 
 * ``before`` (the path before the hand-over; still what ``resume: <step>`` and forked
   timelines take): every rank ``complete_steps()`` (lists ``steps/``, reads every rank's

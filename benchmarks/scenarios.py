@@ -353,7 +353,7 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
 
     def ravex_resume_registered(p: str) -> None:
         with Active(p, resume="auto", collect=False, registered=as_built):
-            rt = ravex.runtime.lifecycle.get_runtime()
+            rt = ravex.runtime.starting.lifecycle.get_runtime()
             rt.ensure_restored()  # what the first forward pass triggers
             if rt.resumed_from is None:
                 raise RuntimeError("resume failed")
@@ -362,7 +362,7 @@ def e_load(cfg: Config, kept: dict[str, str] | None) -> dict[str, Any]:
         t0 = time.perf_counter()
         with Active(p, resume="auto", collect=False):  # no benchmark gc.collect() inside the timing
             t1 = time.perf_counter()
-            rt = ravex.runtime.lifecycle.get_runtime()
+            rt = ravex.runtime.starting.lifecycle.get_runtime()
             if rt is None or rt._restored:
                 raise RuntimeError("nothing to resume from")
             rt.ensure_restored()  # what the first forward pass triggers
@@ -631,7 +631,7 @@ def _refs_bytes(store: str, step: int) -> int:
 def c_sparse(cfg: Config) -> dict[str, Any]:
     """The runtime's default chunking (``ravex.activate()``, nothing set by hand) on a sparse
     table, then a sweep of one chunk size for every array through the writer, which is how
-    the runtime's size for sparse tables (``ravex.runtime.chunking.SPARSE_CHUNK_BYTES``) was chosen."""
+    the runtime's size for sparse tables (``ravex.runtime.state.chunking.SPARSE_CHUNK_BYTES``) was chosen."""
     import ravex
     from ravex.format import open_store
 

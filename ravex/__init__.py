@@ -64,9 +64,9 @@ def activate(**overrides: Any) -> Any:
     In a process ``multiprocessing`` started that has no process group yet (a rank of
     ``torch.multiprocessing.spawn`` importing the script again, a DataLoader worker started by
     spawn), it starts nothing and returns None: Ravex starts when the process creates its
-    process group, with its rank, and never in a DataLoader worker (``ravex.runtime.spawned``).
+    process group, with its rank, and never in a DataLoader worker (``ravex.runtime.starting.spawned``).
     """
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     if runtime is not None:
@@ -76,8 +76,8 @@ def activate(**overrides: Any) -> Any:
                 "Set the options in ravex.yaml or RAVEX_* environment variables instead."
             )
         return runtime
-    from ravex.runtime import spawned
     from ravex.runtime.config import RavexConfig
+    from ravex.runtime.starting import spawned
 
     if spawned.defers(sys._getframe(1).f_globals.get("__name__")):
         spawned.defer_to_process_group(lambda: activate(**overrides))  # a spawned rank or DataLoader worker
@@ -87,7 +87,7 @@ def activate(**overrides: Any) -> Any:
 
 def deactivate() -> None:
     """Flush, stop checkpointing and remove every patch. Mostly for tests."""
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     if runtime is not None:
@@ -97,7 +97,7 @@ def deactivate() -> None:
 
 def is_active() -> bool:
     """Whether the runtime is installed and checkpointing."""
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     return runtime is not None and runtime.enabled
@@ -105,7 +105,7 @@ def is_active() -> bool:
 
 def checkpoint() -> bool:
     """Take a checkpoint now, outside the cadence. False if inactive or it failed."""
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     return runtime.checkpoint() if runtime is not None else False
@@ -113,7 +113,7 @@ def checkpoint() -> bool:
 
 def flush() -> None:
     """Block until every pending checkpoint write has landed (or failed)."""
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     if runtime is not None:
@@ -129,7 +129,7 @@ def tag(name: str) -> str | None:
     ``"exp@60"`` on another timeline); None on ranks other than 0, which tag nothing. Inactive,
     a bad or taken name, or no step yet: a one-line error. ``ravex tag NAME STEP`` tags any step.
     """
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     if runtime is None or runtime.backend is None:
@@ -141,7 +141,7 @@ def tag(name: str) -> str | None:
 
 def step() -> int:
     """The optimizer-step count as Ravex sees it (restored on resume)."""
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     return runtime.step if runtime is not None else 0
@@ -160,7 +160,7 @@ def loop(iterable: Iterable[T]) -> Iterable[T]:
     wrapped loop's iterations as its steps. Wrap the whole iterable (``enumerate``
     included). Inactive, it returns ``iterable`` itself.
     """
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     if runtime is None or not runtime.enabled:
@@ -172,7 +172,7 @@ def loop(iterable: Iterable[T]) -> Iterable[T]:
 
 def status() -> dict[str, Any]:
     """What the runtime is doing: step, objects, store, last checkpoint, last error."""
-    from ravex.runtime import lifecycle
+    from ravex.runtime.starting import lifecycle
 
     runtime = lifecycle.get_runtime()
     if runtime is None:
@@ -190,7 +190,7 @@ def load(store: Any, step: int | str = "latest", subtree: Any = None, device: An
         model.load_state_dict(ravex.load("./ckpt")["models"][0]["state"])
 
     A model is stored under the plain module's names, so this loads a run that trained it
-    under ``torch.compile`` or DDP (``ravex.runtime.names``).
+    under ``torch.compile`` or DDP (``ravex.runtime.state.names``).
 
     Nothing is unpickled. Without torch, ``ravex.format.open_store(path).read(step)``
     gives the same tree with numpy arrays.

@@ -2,7 +2,7 @@
 
 ``enable`` installs a ``.pth`` file that activates Ravex in scripts run where a ``ravex.yaml``
 is found; ``status`` says what would apply there, and why, and what the last run configured by
-that file did with the checkpoint it found (``ravex.runtime.runrecord``).
+that file did with the checkpoint it found (``ravex.runtime.recording.runrecord``).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def enabled_in() -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     """Version, enabled or not, the config that would apply (and why), the latest step, and
     the last run's resume outcome."""
-    from ravex.runtime import runrecord
     from ravex.runtime.config import RavexConfig, find_config_file
+    from ravex.runtime.recording import runrecord
 
     print(f"ravex {__version__}")
     found = enabled_in()

@@ -6,7 +6,7 @@ this package costs nothing (in particular, no torch):
 - :mod:`ravex.integrations.dcp`: ``torch.distributed.checkpoint`` storage
   (``RavexStorageWriter``, ``RavexStorageReader``).
 - :mod:`ravex.integrations.hf`: HuggingFace ``Trainer`` resumed exactly, zero-code (installed
-  by :mod:`ravex.runtime.frameworks` when ``transformers.trainer`` is imported; ``ravex[hf]``).
+  by :mod:`ravex.runtime.starting.frameworks` when ``transformers.trainer`` is imported; ``ravex[hf]``).
 - :mod:`ravex.integrations.lightning`: ``RavexCheckpointIO``, Lightning's checkpoints in a Ravex
   store, and the same zero-code under ``ravex enable``, for ``lightning`` and the standalone
   ``pytorch_lightning`` alike (``ravex[lightning]``).

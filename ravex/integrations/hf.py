@@ -5,7 +5,7 @@ the Trainer builds from torch: the model, the optimizer and LR scheduler it crea
 streams and the DataLoader's position. What only the Trainer knows is its own loop's
 position: ``TrainerState`` (``global_step``, ``epoch``, ``max_steps``, the log history, the
 stateful callbacks). This module, installed by the runtime when ``transformers.trainer`` is
-imported (:mod:`ravex.runtime.frameworks`), keeps that in every checkpoint and, on a rerun,
+imported (:mod:`ravex.runtime.starting.frameworks`), keeps that in every checkpoint and, on a rerun,
 feeds it to the Trainer's own resume path, the one ``train(resume_from_checkpoint=...)``
 takes, without a checkpoint directory:
 
@@ -60,7 +60,7 @@ Replace = Callable[[Any, str, Callable[[Any], Any]], None]
 
 
 class TrainerRuntime(Protocol):
-    """What this integration asks of the runtime (:class:`ravex.runtime.lifecycle.RavexRuntime`)."""
+    """What this integration asks of the runtime (:class:`ravex.runtime.starting.lifecycle.RavexRuntime`)."""
 
     def track_integration(self, name: str, state: Callable[[], Any]) -> None: ...
 

@@ -204,10 +204,10 @@ def _activate() -> None:
         _arm_exit_net(RAVEX_FIRST, sys.modules.get(OPTIMIZER_MODULE))
         return
     try:
-        from ravex.runtime import lifecycle, spawned
         from ravex.runtime.config import RavexConfig
+        from ravex.runtime.starting import lifecycle, spawned
 
-        if spawned.in_child():  # a DataLoader worker, a spawned rank: ravex.runtime.spawned
+        if spawned.in_child():  # a DataLoader worker, a spawned rank: ravex.runtime.starting.spawned
             if spawned.defers(None):
                 spawned.defer_to_process_group(lambda: lifecycle.start_or_exit(RavexConfig.load()))
             return
@@ -261,7 +261,7 @@ def _count_step(*_: object) -> None:
 
 
 def _ravex_started() -> bool:
-    lifecycle = sys.modules.get("ravex.runtime.lifecycle")
+    lifecycle = sys.modules.get("ravex.runtime.starting.lifecycle")
     return bool(lifecycle is not None and lifecycle.ever_started())
 
 

@@ -25,7 +25,7 @@ CONFIG_ENV = "RAVEX_CONFIG"
 
 BACKENDS = ("zarr", "torch_save")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-#: how a resume checks itself (ravex/runtime/witness.py): every bit, the loss within
+#: how a resume checks itself (ravex/runtime/recording/witness.py): every bit, the loss within
 #: ``witness_tolerance`` (non-deterministic kernels), or not at all
 WITNESS_MODES = ("exact", "tolerant", "off")
 

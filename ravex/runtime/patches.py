@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch.utils.data import dataloader as _dl
 
-from . import rng, sampler_epoch, workers
-from .lookahead import log_worker_batch
+from .state import rng, sampler_epoch, workers
+from .state.lookahead import log_worker_batch
 
 _END = object()
 

@@ -395,7 +395,8 @@ def lightning_cls(tpl):
     script splits 60000 training images 55000/5000, so the full count is written."""
     base = f"{tpl}/lightning/examples"
     os.makedirs(f"{base}/pytorch/basics")
-    shutil.copy(f"{SRC}/pytorch-lightning/examples/pytorch/basics/backbone_image_classifier.py", f"{base}/pytorch/basics")
+    basics = f"{SRC}/pytorch-lightning/examples/pytorch/basics"
+    shutil.copy(f"{basics}/backbone_image_classifier.py", f"{base}/pytorch/basics")
     _mnist_full(f"{base}/Datasets/MNIST/raw", 60000, 10000, 8)  # DATASETS_PATH: examples/Datasets
     os.symlink("../../Datasets", f"{base}/pytorch/basics/data")  # demos' MNIST() first checks ./data
     return "lightning/examples/pytorch/basics"

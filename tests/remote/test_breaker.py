@@ -21,7 +21,7 @@ import ravex
 import ravex.format.storage.fsspec_store
 from ravex.format import open_store
 from ravex.format.storage import RetryPolicy
-from ravex.runtime.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
+from ravex.runtime.counting.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, duration
 
 
 class Clock:

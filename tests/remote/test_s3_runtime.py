@@ -128,7 +128,7 @@ def test_sigkill_and_rerun_over_s3_resume_bitwise(trained):
 def test_no_request_per_chunk(trained):
     """The rerun: one resume, then checkpoints of 20, 30 and 36 (at exit). Nothing is listed or
     HEADed per chunk; the resume checks each object it restores from once (one HEAD each, in
-    parallel: ravex.runtime.restore's check before reading into the live model), and the run
+    parallel: ravex.runtime.state.restore's check before reading into the live model), and the run
     record is looked for once before it is written (spec §20: once per run)."""
     log, n = trained.rerun_log, trained.rerun_checkpoints
     print(f"\nrerun over s3: {n} checkpoints; requests {dict(Counter(r.op for r in log))}; "

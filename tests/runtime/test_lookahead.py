@@ -1,5 +1,5 @@
 """A loop fed through a wrapper that fetches ahead resumes at the batch the loop consumed, not at
-the one the wrapper fetched (:mod:`ravex.runtime.lookahead`): a generator of the script's one
+the one the wrapper fetched (:mod:`ravex.runtime.state.lookahead`): a generator of the script's one
 batch ahead, a queue of two in one, a prefetcher object drawn with ``next()`` in a ``while``
 loop, and Accelerate's prepared DataLoader, with two workers that augment from their own RNG
 streams (a wrapper ahead of a loader that augments in the main process interleaves those draws

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ravex.runtime.lookahead import LookAhead, held
-from ravex.runtime.registry import LoaderState
+from ravex.runtime.state.lookahead import LookAhead, held
+from ravex.runtime.state.registry import LoaderState
 
 X = torch.zeros(1, 2)
 

@@ -19,7 +19,7 @@ from torch import nn
 
 import ravex
 from ravex.format import open_store
-from ravex.runtime import names, plan
+from ravex.runtime.state import names, plan
 
 from . import harness
 

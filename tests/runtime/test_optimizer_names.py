@@ -14,7 +14,7 @@ from torch import nn
 import ravex
 from ravex.errors import RestoreError
 from ravex.format import open_store
-from ravex.runtime import plan
+from ravex.runtime.state import plan
 
 pytestmark = pytest.mark.usefixtures("ravex_clean")
 

@@ -120,7 +120,7 @@ def test_the_runtime_prepares_what_exists_at_activation(tmp_path):
     try:
         ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=None, resume="never",
                        checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING")
-        stager = ravex.runtime.lifecycle.get_runtime().backend._stager
+        stager = ravex.runtime.starting.lifecycle.get_runtime().backend._stager
         assert stager._asked == [4 << 20]  # the weight; the bias is under the threshold
     finally:
         ravex.deactivate()

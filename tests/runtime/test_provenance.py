@@ -18,8 +18,8 @@ import torch
 
 from ravex.format import open_store
 from ravex.format.history.runs import NOT_A_CHECKOUT, read_run
-from ravex.runtime import provenance
 from ravex.runtime.config import RavexConfig
+from ravex.runtime.recording import provenance
 
 from . import harness
 

@@ -18,8 +18,8 @@ from torch import nn
 import ravex
 from ravex.errors import RestoreError
 from ravex.format import open_store
-from ravex.runtime import scan
-from ravex.runtime.registry import Registry
+from ravex.runtime.state import scan
+from ravex.runtime.state.registry import Registry
 
 pytestmark = pytest.mark.usefixtures("ravex_clean")
 
@@ -80,7 +80,7 @@ def test_resume_writes_into_the_live_tensors_without_a_full_size_temporary(tmp_p
     before = _pointers(model, opt)
     versions = [t._version for s in opt.state.values() for t in s.values()]
     ravex.activate(storage=str(store), checkpoint_on_exit=False)  # finds them: the scan
-    runtime = ravex.runtime.lifecycle.get_runtime()
+    runtime = ravex.runtime.starting.lifecycle.get_runtime()
     assert not runtime._restored
     preparing = runtime.backend._stager._preparing
     if preparing is not None:  # staging buffers prepared from activate() on, on an idle-priority

@@ -1,4 +1,4 @@
-"""``ravex.runtime.sampler_epoch``: a ``DistributedSampler`` epoch dealt out again over another
+"""``ravex.runtime.state.sampler_epoch``: a ``DistributedSampler`` epoch dealt out again over another
 world size, in process (each "rank" is a DataLoader over a sampler given its rank): the
 positions before the change plus every rank's batches after it hold each sample once,
 through two changes in one epoch, padded and truncated ends included; a sampler of the
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from ravex.runtime import sampler_epoch
+from ravex.runtime.state import sampler_epoch
 
 BATCH = 4
 

@@ -10,8 +10,8 @@ from torch.optim.lr_scheduler import LRScheduler, StepLR
 from torch.utils.data import DataLoader
 
 from ravex.runtime.config import RavexConfig
-from ravex.runtime.lifecycle import RavexRuntime
-from ravex.runtime.registry import KINDS, Registry
+from ravex.runtime.starting.lifecycle import RavexRuntime
+from ravex.runtime.state.registry import KINDS, Registry
 
 
 def _reference_scan(registry: Registry) -> None:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import ravex
 from ravex.format import open_store
 from ravex.format.objects.chunktable import ChunkTable
-from ravex.runtime.chunking import SPARSE_CHUNK_BYTES
+from ravex.runtime.state.chunking import SPARSE_CHUNK_BYTES
 
 ROWS, DIM, HOT, STEPS = 8192, 64, 82, 6  # 82 rows = 1% of the table per step
 

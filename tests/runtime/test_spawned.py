@@ -1,4 +1,4 @@
-"""Processes that ``multiprocessing`` starts (``ravex.runtime.spawned``).
+"""Processes that ``multiprocessing`` starts (``ravex.runtime.starting.spawned``).
 
 - A DDP job whose ranks ``torch.multiprocessing.spawn`` starts (PyTorch's DDP tutorials), with
   ``ravex.activate()`` at the script's top or under ``ravex enable``: before, the spawning process

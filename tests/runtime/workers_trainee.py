@@ -37,9 +37,9 @@ BLOCK_AT = os.environ.get("T_BLOCK_AT", "")
 AHEAD = os.environ.get("T_AHEAD", "")
 
 if os.environ.get("T_NO_LOOKAHEAD") == "1":
-    import ravex.runtime.plan
+    import ravex.runtime.state.plan
 
-    ravex.runtime.plan.held = lambda st: 0
+    ravex.runtime.state.plan.held = lambda st: 0
 
 
 def say(line: str) -> None:

@@ -16,7 +16,7 @@ from ravex.tui.model import step_leaves
 
 
 def _tree(k: float) -> dict:
-    """Step state as the runtime lays it out (ravex.runtime.plan), one model and optimizer named."""
+    """Step state as the runtime lays it out (ravex.runtime.state.plan), one model and optimizer named."""
     weight = np.arange(12, dtype=np.float32).reshape(3, 4) * k
     return {
         "ravex": {"step": int(k), "format": 2},

@@ -9,7 +9,7 @@ manifest finds the record of its run (unless the record's write failed, which ne
 checkpoint: the record is informative).
 
 This module only reads and writes the document and checks its shape; what goes into it is
-gathered by the runtime (``ravex/runtime/provenance.py``), which keeps secrets out of it.
+gathered by the runtime (``ravex/runtime/recording/provenance.py``), which keeps secrets out of it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The witness is one small document per rank in the step's folder, ``witness-<r>.j
 collected with its step. Only rank ``r`` writes it; it replaces it with a longer version after
 each step it records (a run killed one step after a checkpoint still leaves one entry), and
 never after the last. This module reads and writes the document and checks its shape; what the
-entries hold is measured by the runtime (``ravex/runtime/witness.py``).
+entries hold is measured by the runtime (``ravex/runtime/recording/witness.py``).
 """
 
 from __future__ import annotations

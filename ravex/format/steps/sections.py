@@ -1,6 +1,6 @@
 """Which part of a Ravex training step an array path is in, and the names a user knows.
 
-The runtime lays a step's tree out as :mod:`ravex.runtime.plan` says: ``models``,
+The runtime lays a step's tree out as :mod:`ravex.runtime.state.plan` says: ``models``,
 ``optimizers`` ... as lists in creation order (optimizer state under parameter names),
 and beside them bookkeeping: RNG streams (``rng``), data-loader positions (``loaders``,
 whose ``epoch_rng`` holds a tensor), ``ravex.loop`` positions (``loops``) and where the

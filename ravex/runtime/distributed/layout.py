@@ -30,12 +30,12 @@ from ravex.saving.ranks import REPLICATED
 from ravex.saving.tree import leaves, tree_map
 from ravex.saving.zarr import PER_RANK
 
-from .. import sampler_epoch
-from ..names import plain_state
-from ..plan import param_names
-from ..registry import Registry
-from ..restore import saved_param_states, with_plain_names
-from ..rng import capture_rng
+from ..state import sampler_epoch
+from ..state.names import plain_state
+from ..state.plan import param_names
+from ..state.registry import Registry
+from ..state.restore import saved_param_states, with_plain_names
+from ..state.rng import capture_rng
 from .collectives import initialized
 
 logger = logging.getLogger("ravex")

@@ -6,7 +6,7 @@ loops and live variables read from the source by :mod:`.source`, and the frames 
 :mod:`.frames`); with no DataLoader to mark the step boundary, :mod:`.headwatch` takes it at
 the head of the loop. A rerun goes back there (:mod:`.reentry`). Loops wrapped in
 ``ravex.loop`` save their own positions (:mod:`.loops`). The runtime
-(:mod:`ravex.runtime.cadence`, :mod:`ravex.runtime.resume`) holds one :class:`LoopPosition`
+(:mod:`ravex.runtime.counting.cadence`, :mod:`ravex.runtime.restoring.resume`) holds one :class:`LoopPosition`
 (:mod:`.tracker`), its handle on all of this, and uses only the names below.
 """
 

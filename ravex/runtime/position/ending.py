@@ -23,7 +23,7 @@ import ast
 import builtins
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -121,21 +121,23 @@ def next_line(end: Ending, frame: FrameType) -> int:
     return end.line if end.tested else end.body
 
 
+@dataclass(eq=False)
 class RangeAt:
     """``range`` for the one ``for`` statement of a finished run's loop: put into the
     script's globals while that statement builds its iterable, it hands the loop the
     ``range``'s iterator positioned just past ``last`` (the finished run's last item), once
     ``restore`` has put the finished state back; any other call is the builtin's."""
 
-    def __init__(self, frame: FrameType, end: Ending, last: int,
-                 restore: Callable[[], None], lost: Callable[[str], None]) -> None:
-        self.frame = frame
-        self.end = end
-        self.last = last
-        self.restore = restore
-        self.lost = lost
-        self.used = False
-        self._scope = frame.f_globals
+    frame: FrameType
+    end: Ending
+    last: int
+    restore: Callable[[], None]
+    lost: Callable[[str], None]
+    used: bool = field(default=False, init=False)
+    installed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._scope = self.frame.f_globals
         self.installed = "range" not in self._scope  # the script's own range is left alone
         if self.installed:
             self._scope["range"] = self

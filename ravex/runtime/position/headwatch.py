@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -17,6 +18,7 @@ from . import frames, source
 _Tracer = Callable[[FrameType, str, Any], Any]
 
 
+@dataclass(eq=False)
 class HeadWatch:
     """Watches the main script's innermost frame until it reaches the first line of the loop
     around the optimizer step that made a checkpoint due, and takes it there (``take``).
@@ -24,16 +26,16 @@ class HeadWatch:
     look at next (the same one, now in an outer loop, or the caller), which the caller of
     :meth:`arm` watches in turn: the next head to come may be an outer loop's."""
 
-    def __init__(self, frame: FrameType, body: int, span: tuple[int, int],
-                 take: Callable[[FrameType], None], left: Callable[[FrameType | None], None]) -> None:
-        self.frame = frame
-        self.body = body
-        self.span = span
-        self.take = take
-        self.left = left
-        self.done = False
-        frame.f_trace = self._local
-        frame.f_trace_lines = True
+    frame: FrameType
+    body: int
+    span: tuple[int, int]
+    take: Callable[[FrameType], None]
+    left: Callable[[FrameType | None], None]
+    done: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.frame.f_trace = self._local
+        self.frame.f_trace_lines = True
         sys.settrace(_no_calls)
 
     @staticmethod

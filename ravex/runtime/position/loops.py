@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
-from ..registry import Registry
+from ..state.registry import Registry
 from . import frames
 
 
@@ -49,7 +49,7 @@ class Entry:
 
 
 class LoopRuntime(Protocol):
-    """What a wrapped loop asks of the runtime (:class:`~ravex.runtime.cadence.Cadence`)."""
+    """What a wrapped loop asks of the runtime (:class:`~ravex.runtime.counting.cadence.Cadence`)."""
 
     def enter_loop(self, loop: Loop) -> Entry: ...
 

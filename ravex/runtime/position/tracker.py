@@ -1,6 +1,6 @@
 """The runtime's one handle on where the user's loops stand: :class:`LoopPosition`.
 
-The runtime (:mod:`ravex.runtime.cadence`, :mod:`ravex.runtime.resume`) decides *when* a
+The runtime (:mod:`ravex.runtime.counting.cadence`, :mod:`ravex.runtime.restoring.resume`) decides *when* a
 checkpoint is taken and *what* is restored; this object holds everything about *where* in the
 loops that happens: on the first run the watch that takes a due checkpoint at a loop's head,
 what each checkpoint records of the loops (and a finished run's way past them), and on the

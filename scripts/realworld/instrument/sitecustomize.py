@@ -148,28 +148,19 @@ class _AfterTorch:
         # it) also lands here: stay on sys.meta_path until torch's module is really executed.
         if fullname != "torch" or self.busy:
             return None
+        from ravex.runtime.finders import after_exec, spec_from_others  # not before: every process loads this file
+
         self.busy = True
         try:
-            spec = None
-            for finder in sys.meta_path:
-                find = getattr(finder, "find_spec", None)
-                if finder is not self and find is not None:
-                    spec = find(fullname, path, target)
-                    if spec is not None:
-                        break
+            spec = spec_from_others(self, fullname, path, target)
         finally:
             self.busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        original = spec.loader.exec_module
 
-        def exec_module(module):
+        def then():
             sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-            original(module)
             _install()
 
-        spec.loader.exec_module = exec_module
-        return spec
+        return after_exec(spec, then)
 
 
 def _launcher():

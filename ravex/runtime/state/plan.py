@@ -23,7 +23,7 @@ A model is stored as the plain module it is or wraps (:mod:`.names`): a ``GPT`` 
 in the place of the plain module's creation among the models. So a plain module loads a
 compiled run's state with ``strict=True``, and a compiled and an uncompiled run's steps
 diff name by name. Trees written before hold the wrappers' names; a resume still matches
-them (:func:`ravex.runtime.restore.with_plain_names`).
+them (:func:`ravex.runtime.state.restore.with_plain_names`).
 
 An optimizer's ``state_dict()`` is stored with each parameter under its name in the model
 that holds it (``fc1.weight``, as DCP's ``get_optimizer_state_dict`` names it), so a tool

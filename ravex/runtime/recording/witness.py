@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 from ravex.format.history.runs import ResumeCheck
 from ravex.format.history.witness import Witness, WitnessEntry
 
-from .distributed import collectives
+from ..distributed import collectives
 
 if TYPE_CHECKING:
     from ravex.saving.backend import CheckpointBackend
 
-    from .config import RavexConfig
+    from ..config import RavexConfig
     from .loss import LastLoss
 
 logger = logging.getLogger("ravex")

@@ -13,16 +13,19 @@ which also counts the steps of a loop that has no ``torch.optim`` optimizer.
 
 A script that runs backward passes but neither steps an optimizer nor wraps its loop
 would never be checkpointed; it is told so once, within its first steps.
+
+The jobs that keep state of their own are collaborators the cadence holds: counting backward
+passes (:mod:`.backward`), the exit signals and the poll several ranks decide by
+(:mod:`.signals`), what a checkpoint is handed to the backend as (:mod:`.contents`) and the
+storage breaker (:mod:`.breaker`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 from types import FrameType
 from typing import Any
@@ -30,28 +33,28 @@ from typing import Any
 import torch
 
 from ravex.errors import LeaseLostError, RestoreError, TimelineBusyError
-from ravex.format.history.runs import RunRecord
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
-from ravex.version import __version__
 
-from . import position, provenance
+from .. import position
+from ..config import RavexConfig
+from ..distributed import collectives
+from ..position import Loop
+from ..recording.loss import LastLoss
+from ..recording.witness import ResumeWitness
+from ..restoring.resume import Resume
+from ..state.plan import collect, drained_ahead
+from ..state.registry import LoaderState
+from .backward import BackwardSteps
 from .breaker import CircuitBreaker
-from .chunking import chunk_bytes_for
-from .config import RavexConfig
-from .distributed import collectives, layout
-from .loss import LastLoss
-from .plan import collect, drained_ahead, staged_sizes
-from .position import Loop, main_loop_site
-from .registry import KINDS, LoaderState
-from .resume import Resume
-from .witness import ResumeWitness
+from .contents import CheckpointContents
+from .signals import ExitSignals
 
 logger = logging.getLogger("ravex")
 
 
 class Cadence(Resume):
-    """The runtime's checkpointing half: counting, deciding, taking."""
+    """The runtime's checkpointing half: counting, deciding where, taking."""
 
     def __init__(self, config: RavexConfig) -> None:
         super().__init__(config)
@@ -64,22 +67,25 @@ class Cadence(Resume):
         self._due = False
         self._steps_here = 0
         self._last_time = time.monotonic()
-        self._exit_signal: int | None = None
-        #: an uncaught exception ended the training (the excepthook, :mod:`.lifecycle`)
-        self._crashed = False
-        self._signals: dict[int, Any] = {}
-        self._poll: collectives.Poll | None = None  # several ranks: shared decisions
+        #: a signal ends the run after a checkpoint; several ranks decide together
+        self.signals = ExitSignals(config, self)
         self._prepared_writes = False
-        self._keepalive: dict[int, Any] = {}
         self._forward_hook: Any = None
         self._at_loop: Loop | None = None  # the wrapped loop whose boundary takes the checkpoint
         self._loop_ended: dict[str, Any] | None = None  # the last outermost loop that finished
-        self._watch: _BackwardSteps | None = None
+        self._watch: BackwardSteps | None = None
         #: the tensor the last backward() ran on, read as each checkpoint's loss
         self.last_loss = LastLoss()
         #: records the steps after each checkpoint, and checks a resume against them
         self.witness = ResumeWitness(config, self.rank, self.world_size, self.last_loss)
-        self._run_record: RunRecord | None = None  # rank 0: what this run was, gathered once
+        #: what each checkpoint is handed to the backend as
+        self.contents = CheckpointContents(config, self.registry, self.rank, self.world_size, self.pid,
+                                           self.last_loss, self.witness)
+
+    @property
+    def steps_here(self) -> int:
+        """Optimizer steps this process has taken (a resumed run counts from 0 again)."""
+        return self._steps_here
 
     def _open_backend(self) -> bool:
         from ravex.saving.selection import get_backend
@@ -112,7 +118,7 @@ class Cadence(Resume):
         self._step_done(n)
 
     def on_backward_step(self) -> None:
-        """A backward pass of a loop without an optimizer (:class:`_BackwardSteps`): a step."""
+        """A backward pass of a loop without an optimizer (:class:`.backward.BackwardSteps`): a step."""
         if not self.enabled:
             return
         self._step_done(self.step + 1)
@@ -121,7 +127,7 @@ class Cadence(Resume):
         """Step ``n`` is done; a checkpoint it makes due, in a loop that neither a DataLoader
         nor ``ravex.loop`` marks, is taken where the script's loop starts its next iteration."""
         self._count_step(n)
-        if (self._due or self._exit_signal is not None) and not (self.loops or self._loader_active()):
+        if (self._due or self.signals.caught is not None) and not (self.loops or self._loader_active()):
             self._await_loop_head()
 
     def _count_step(self, n: int) -> None:
@@ -131,8 +137,8 @@ class Cadence(Resume):
         self.step = n
         self._steps_here += 1
         if self._steps_here == 1:
-            self._keep_alive()
-            self._prepare_staging()
+            self.contents.keep_alive()
+            self.contents.prepare_staging(self.backend)
         every = self.config.checkpoint_every
         if every and n % every == 0:
             self._due = True
@@ -151,7 +157,7 @@ class Cadence(Resume):
             self._count_step(self.step + 1)
         elif not self._due:
             self._check_time()
-        if self._due or self._exit_signal is not None:
+        if self._due or self.signals.caught is not None:
             self._clear_forward_hook()
             self._at_loop = loop
             try:
@@ -189,7 +195,7 @@ class Cadence(Resume):
     def _watch_from(self, frame: FrameType | None) -> None:
         """Watch the innermost frame of the user's code at or outside ``frame`` that is in a loop."""
         self.loop_position.watch = None
-        due = self.enabled and (self._due or self._exit_signal is not None)
+        due = self.enabled and (self._due or self.signals.caught is not None)
         if due and self.loop_position.watch_from(frame, self._at_loop_head, self._watch_from):
             return
         if due and self.loop_position.past_loop(frame) is not None:
@@ -203,7 +209,7 @@ class Cadence(Resume):
 
     def _at_loop_head(self, frame: FrameType) -> None:
         self.loop_position.watch = None
-        if not self.enabled or not (self._due or self._exit_signal is not None):
+        if not self.enabled or not (self._due or self.signals.caught is not None):
             return
         self._clear_forward_hook()
         self.loop_position.head_frame = frame
@@ -225,7 +231,7 @@ class Cadence(Resume):
 
         def before_forward(module: Any, args: Any) -> None:
             self._clear_forward_hook()
-            if self.enabled and (self._due or self._exit_signal is not None):
+            if self.enabled and (self._due or self.signals.caught is not None):
                 self._boundary(None)
 
         self._forward_hook = register_module_forward_pre_hook(before_forward)
@@ -249,77 +255,33 @@ class Cadence(Resume):
             # the loop's head takes it, where a rerun can come back to; a loader drawn with
             # gradients off is an evaluation's between two epochs, not the training loop's
             return
-        if self._due or self._exit_signal is not None:
+        if self._due or self.signals.caught is not None:
             self._clear_forward_hook()
             self._boundary(st)
 
     def _check_time(self) -> None:
         """Time-based checkpoint due? With several ranks also: a signal caught by any rank?
-
-        Under torchrun both are decided collectively (:class:`.collectives.Poll`): at a step
-        every rank reaches, rank 0's clock and any rank's caught signal are exchanged in one
-        tiny all-reduce, so every rank checkpoints (or exits after) the same step. The first
-        call at a new step comes from the optimizer step hook; later calls at that step
-        (DataLoader boundaries) find the poll done and change nothing.
-        """
+        Several ranks decide both together (:meth:`.signals.ExitSignals.agree`)."""
         seconds = self.config.checkpoint_every_seconds
         time_due = bool(seconds and self.step != self.last_checkpoint_step
                         and time.monotonic() - self._last_time >= seconds)
-        poll = self._poll
-        if poll is None or not (seconds or self._signals) or not collectives.can_agree():
-            if time_due:
-                self._due = True
-            return
-        if self._steps_here == 0 or not poll.due(self.step):
-            return
-        due, signum = poll.exchange(self.step, self.rank, time_due)
-        if due:
+        if self.signals.agree(time_due):
             self._due = True
-        if signum and self._exit_signal is None:
-            self._exit_signal = signum
-            logger.warning("ravex: %s caught by a rank; every rank checkpoints step %d at the next "
-                           "step boundary, then exits", signal.Signals(signum).name, self.step)
 
     def _boundary(self, st: LoaderState | None) -> None:
-        if self._exit_signal is not None:
-            self._checkpoint_now(st, reason=signal.Signals(self._exit_signal).name)
+        if self.signals.caught is not None:
+            self._checkpoint_now(st, reason=signal.Signals(self.signals.caught).name)
             if self.backend is not None:
                 self.backend.flush()
             # Every rank is here at the same step (the signal was agreed on): wait until all
             # have flushed, or the first rank to exit makes torchrun SIGTERM the others
             # before their manifests are written, leaving the step incomplete.
             collectives.all_ok(True)
-            code = 128 + self._exit_signal
+            code = 128 + self.signals.caught
             logger.warning("ravex: checkpoint of step %d flushed; exiting with status %d",
                            self.step, code)
             raise SystemExit(code)
         self._checkpoint_now(st, reason="interval")
-
-    def _prepare_staging(self) -> None:
-        """At activation (what already exists: a model built before ``activate()``) and at the
-        first step (the optimizer's state exists by then): have the backend fault in the
-        staging memory of the state's CPU tensors in the background, so that the first
-        checkpoint stalls no longer than the later ones (issue 26). It holds no more memory
-        than the first checkpoint would allocate; nothing is done without a backend (one that
-        failed to open at activation opens at the first checkpoint)."""
-        backend = self.backend
-        if backend is None:
-            return
-        try:
-            backend.prepare(staged_sizes(self.registry))
-        except Exception as exc:  # an optimisation: the first checkpoint allocates as before
-            logger.debug("ravex: staging memory not prepared: %s", exc)
-
-    def _keep_alive(self) -> None:
-        """Hold the training objects until exit, so the exit checkpoint can still save them.
-
-        The registry is weak, and a script whose model is a local of ``main()`` has
-        dropped it by the time ``atexit`` runs. Taken at the first step and at each
-        checkpoint: nothing per step.
-        """
-        for kind in KINDS:
-            for obj in self.registry.live(kind):
-                self._keepalive.setdefault(id(obj), obj)
 
     def _loader_active(self) -> bool:
         """A DataLoader epoch is under way whose ``next()`` marks the step boundary: one a
@@ -347,7 +309,7 @@ class Cadence(Resume):
             return False
         breaker = self.breaker
         agree = collectives.all_ok if self.world_size > 1 else None
-        if not (reason == "exit" or self._exit_signal is not None or breaker.allow(agree)):
+        if not (reason == "exit" or self.signals.caught is not None or breaker.allow(agree)):
             return False  # storage down (here or on another rank): skipped at no cost, training goes on
         if not self._open_backend():
             self.checkpoint_error = self.backend_error
@@ -389,8 +351,8 @@ class Cadence(Resume):
         a crashed run's partial steps. With several ranks that is part of their agreement (run
         without a resume, ``resume: never``, it runs here)."""
         if self.world_size > 1:
-            if backend.multi_rank_steps and not self._run_agreed:
-                self._agree_on_steps(backend, [])
+            if backend.multi_rank_steps and not self.reading.run_agreed:
+                self.reading.agree_on_steps(backend, [])
             backend.claim()
             return
         backend.claim()
@@ -398,22 +360,10 @@ class Cadence(Resume):
         backend.discard_incomplete_above(max(s for s in (self.resumed_from, latest, -1) if s is not None))
 
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
-        """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`: the
-        tree, this rank's layout, and the chunk size of each sparsely updated table."""
+        """The live objects as this checkpoint's :class:`~ravex.saving.plan.SavePlan`
+        (:meth:`.contents.CheckpointContents.plan`), with where the loops stand."""
         tree = collect(self.registry, self.step, st, self._loop_positions(), self._script_position(st, reason))
-        rank_layout = None
-        if backend.multi_rank_steps:  # ranks, shards: who writes what
-            tree, rank_layout = layout.lay_out(tree, self.rank, self.world_size)
-        self._keep_alive()
-        metadata = {"reason": reason, "time": time.time(), "pid": self.pid, "ravex": __version__}
-        loss = self.last_loss.value()  # the one device sync for the loss, once per checkpoint
-        if loss is not None:
-            metadata["loss"] = repr(loss)  # shortest round-trip text: parses back bit for bit
-        chunk_bytes = chunk_bytes_for(self.registry, tree) if rank_layout is None else {}
-        if self._run_record is None and self.rank == 0 and backend.records_runs:
-            record = provenance.gather(self.config, self.world_size)
-            self._run_record = dataclasses.replace(record, resume=self.witness.verdict)
-        return SavePlan(self.step, tree, metadata, rank_layout, chunk_bytes, self._run_record)
+        return self.contents.plan(backend, self.step, tree, reason)
 
     def _script_position(self, st: LoaderState | None, reason: str) -> dict[str, Any] | None:
         """Where the main script's loops stand (:mod:`.position`), for a checkpoint taken at
@@ -457,136 +407,9 @@ class Cadence(Resume):
 
     def _start_watch(self) -> None:
         """Count backward passes as steps where no optimizer step or wrapped loop would."""
-        self._watch = _BackwardSteps(self)
+        self._watch = BackwardSteps(self)
 
     def _stop_watch(self) -> None:
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
-
-    def _install_signals(self) -> None:
-        if self.world_size > 1:  # decisions all ranks must share go through one poll
-            self._poll = collectives.Poll(self.config.checkpoint_every_seconds)
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for name in self.config.checkpoint_on_signal:
-            signum = getattr(signal, name)
-            try:
-                self._signals[signum] = signal.signal(signum, self._on_signal)
-            except (ValueError, OSError) as exc:  # pragma: no cover
-                logger.warning("ravex: cannot handle %s: %s", name, exc)
-
-    def _restore_signals(self) -> None:
-        for signum, previous in self._signals.items():
-            try:
-                if signal.getsignal(signum) == self._on_signal:
-                    signal.signal(signum, previous)
-            except (ValueError, OSError):  # pragma: no cover
-                pass
-        self._signals.clear()
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        """Checkpoint at the next step boundary, then exit with 128+signum.
-
-        The handler runs between two bytecodes, possibly halfway through
-        ``optimizer.step()``, so it only sets a flag. Outside a training loop, or on a
-        second signal, the signal gets its previous behaviour at once. With several ranks
-        the flag waits for the next poll (:meth:`_check_time`), where every rank learns of
-        it: a signal that reached one rank alone still stops all of them at the same step.
-
-        After an uncaught exception no step boundary comes: the exit is under way (the flush
-        of what is being written, the timeline's lease released), and the signal is let wait
-        for it, saying so; a second one gets the previous behaviour. Under torchrun that is a
-        failed node's agent stopping the ranks still running (a peer died, an all-reduce
-        raised): they were told that every rank would checkpoint at the next agreed step.
-        """
-        if self._crashed and self._exit_signal is None and os.getpid() == self.pid:
-            self._exit_signal = signum  # a second signal does not wait
-            logger.warning("ravex: %s received after the run crashed at step %d: exiting once what is "
-                           "being written is flushed (no checkpoint of this step); a second %s exits at once",
-                           signal.Signals(signum).name, self.step, signal.Signals(signum).name)
-            return
-        training = self._steps_here > 0
-        poll = self._poll
-        shared = poll is not None and collectives.can_agree()
-        if (os.getpid() != self.pid or self._exit_signal is not None or not training
-                or (poll is not None and shared and poll.pending)):
-            previous = self._signals.get(signum, signal.SIG_DFL)
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-            if callable(previous):
-                previous(signum, frame)
-            else:
-                os.kill(os.getpid(), signum)
-            return
-        if poll is not None and shared:
-            poll.pending = signum
-            logger.warning("ravex: %s received at step %d on rank %d; all ranks checkpoint at "
-                           "the step they next agree on, then exit", signal.Signals(signum).name,
-                           self.step, self.rank)
-            return
-        self._exit_signal = signum
-        logger.warning("ravex: %s received at step %d; checkpointing at the next step "
-                       "boundary, then exiting", signal.Signals(signum).name, self.step)
-
-
-
-class _BackwardSteps:
-    """Counts the training steps of a loop that steps no ``torch.optim`` optimizer and wraps
-    no loop in ``ravex.loop`` (parameters updated by hand, word_language_model's default):
-    each backward pass is a step, so its checkpoints are taken (at the loop's head, like any
-    other) instead of nothing being saved. It stands down for good once an optimizer exists
-    or a loop is wrapped, which count the steps themselves.
-
-    Cheap by construction: a global forward pre-hook only until the first backward pass
-    (it puts a post-accumulate-grad hook on one parameter of each module it sees), then
-    that one hook per backward pass.
-    """
-
-    def __init__(self, cadence: Cadence) -> None:
-        import torch
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
-        self.grad_enabled = torch.is_grad_enabled
-        self.cadence = cadence
-        self.said = False
-        self.counted: int | None = None  # id of the parameter whose hook counts the passes
-        self.armed: set[int] = set()
-        self.handles: list[Any] = []
-        self.forward: Any = register_module_forward_pre_hook(self._arm)
-
-    def _arm(self, module: Any, args: Any) -> None:
-        if not self.grad_enabled() or len(self.armed) >= 64:
-            return
-        for param in module.parameters(recurse=False):
-            if param.requires_grad:
-                if id(param) not in self.armed:
-                    self.armed.add(id(param))
-                    self.handles.append(param.register_post_accumulate_grad_hook(self._backward))
-                return
-
-    def _backward(self, param: Any) -> None:
-        if self.counted is None:
-            self.counted = id(param)
-            self._drop_forward()
-        if id(param) != self.counted:
-            return
-        cadence = self.cadence
-        if cadence.loops_used or cadence.registry.live("optimizers") or not cadence.enabled:
-            self.close()
-            return
-        if not self.said:
-            self.said = True
-            site = main_loop_site()
-            logger.info("ravex: no torch.optim optimizer%s: each backward pass counts as a training "
-                        "step (parameters updated by hand)", f" in the loop at {site}" if site else "")
-        cadence.on_backward_step()
-
-    def _drop_forward(self) -> None:
-        forward, self.forward = self.forward, None
-        if forward is not None:
-            forward.remove()
-
-    def close(self) -> None:
-        self._drop_forward()
-        while self.handles:
-            self.handles.pop().remove()

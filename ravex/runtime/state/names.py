@@ -14,7 +14,7 @@ A wrapper is known by its class name among torch's own classes: recognising one 
 neither ``torch._dynamo`` nor FSDP (seconds each) into a run that uses neither.
 
 Stores written before names were plain hold the wrappers' segments; :func:`stored_name` is
-how a resume still matches them (see :func:`ravex.runtime.restore.with_plain_names`).
+how a resume still matches them (see :func:`ravex.runtime.state.restore.with_plain_names`).
 """
 
 from __future__ import annotations

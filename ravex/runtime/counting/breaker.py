@@ -24,6 +24,7 @@ rank's checkpoint useless anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -49,6 +50,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.3g} min"
 
 
+@dataclasses.dataclass(eq=False)
 class CircuitBreaker:
     """Closed -> open after ``threshold`` consecutive failures -> half-open after the
     cool-down -> closed on a success, or open again with twice the cool-down on a failure.
@@ -57,31 +59,26 @@ class CircuitBreaker:
     ``clock`` returns seconds (monotonic); tests pass their own.
     """
 
-    def __init__(
-        self,
-        threshold: int = THRESHOLD,
-        first_cooldown: float = FIRST_COOLDOWN,
-        max_cooldown: float = MAX_COOLDOWN,
-        clock: Callable[[], float] = time.monotonic,
-        where: str = "storage",
-    ) -> None:
+    threshold: int = THRESHOLD
+    first_cooldown: float = FIRST_COOLDOWN
+    max_cooldown: float = MAX_COOLDOWN
+    clock: Callable[[], float] = time.monotonic
+    #: what the log lines call the storage (the runtime sets the store's URL)
+    where: str = "storage"
+    state: str = dataclasses.field(default=CLOSED, init=False)
+    consecutive_failures: int = dataclasses.field(default=0, init=False)
+    cooldown: float = dataclasses.field(default=0.0, init=False)
+    retry_at: float | None = dataclasses.field(default=None, init=False)
+    #: due checkpoints skipped while open or half-open
+    skipped: int = dataclasses.field(default=0, init=False)
+    #: times the breaker opened from closed
+    opened: int = dataclasses.field(default=0, init=False)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        threshold, first_cooldown, max_cooldown = self.threshold, self.first_cooldown, self.max_cooldown
         if threshold < 1 or first_cooldown < 0 or max_cooldown < first_cooldown:
             raise ValueError(f"CircuitBreaker: bad settings {threshold=}, {first_cooldown=}, {max_cooldown=}")
-        self.threshold = threshold
-        self.first_cooldown = first_cooldown
-        self.max_cooldown = max_cooldown
-        self.clock = clock
-        #: what the log lines call the storage (the runtime sets the store's URL)
-        self.where = where
-        self.state = CLOSED
-        self.consecutive_failures = 0
-        self.cooldown = 0.0
-        self.retry_at: float | None = None
-        #: due checkpoints skipped while open or half-open
-        self.skipped = 0
-        #: times the breaker opened from closed
-        self.opened = 0
-        self._lock = threading.Lock()
 
     def allow(self, agree: Callable[[bool], bool] | None = None) -> bool:
         """Whether a due checkpoint may be attempted now.

@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .patches import Patches
+from ..patches import Patches
 
 #: set by the process that stood down for the ranks it spawns; inherited by them
 SPAWNED_ENV = "_RAVEX_SPAWNED_RANKS"

@@ -40,7 +40,7 @@ def _sparse_table(module: Any) -> bool:
 
 
 def sparse_paths(registry: Registry) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]:
-    """Tree paths (as :func:`ravex.runtime.plan.collect` lays the tree out) of sparsely
+    """Tree paths (as :func:`ravex.runtime.state.plan.collect` lays the tree out) of sparsely
     updated tensors, each with the shape it must have."""
     out: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
     if not registry.any_module(_sparse_table):  # the common case, at the cost of one isinstance a module

@@ -28,7 +28,7 @@ from typing import Any
 from ravex.format.history.runs import NOT_A_CHECKOUT, GitState, RunRecord, now
 from ravex.version import __version__
 
-from .config import RavexConfig
+from ..config import RavexConfig
 
 #: A git call that takes longer is abandoned: the record says "git timed out" instead.
 GIT_TIMEOUT_S = 3.0

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ravex.format.storage.atomic import atomic_write
 
-from .config import RavexConfig
+from ..config import RavexConfig
 
 RECORD_DIR = ".ravex"
 

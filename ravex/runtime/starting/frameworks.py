@@ -32,9 +32,10 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-from .config import RavexConfig
-from .patches import Patches
-from .runrecord import RECORD_DIR, store_key
+from .. import finders
+from ..config import RavexConfig
+from ..patches import Patches
+from ..recording.runrecord import RECORD_DIR, store_key
 
 
 def _install_hf(runtime: Any, patches: Patches) -> None:
@@ -114,25 +115,9 @@ class _ImportHook:
         if fullname not in self.names:
             return None
         self.names.discard(fullname)
-        spec: ModuleSpec | None = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        original = spec.loader.exec_module
         runtime, patches, installer = self.runtime, self.patches, INSTALLERS[fullname]
-
-        def exec_module(module: ModuleType) -> None:
-            original(module)
-            installer(runtime, patches)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+        return finders.after_exec(finders.spec_from_others(self, fullname, path, target),
+                                  lambda: installer(runtime, patches))
 
     def remove(self) -> None:
         """The undo of :func:`watch`: leave ``sys.meta_path``."""

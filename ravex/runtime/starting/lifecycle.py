@@ -32,10 +32,12 @@ from ravex.errors import ConfigError, RestoreError, TimelineBusyError
 from ravex.saving.backend import CheckpointBackend
 from ravex.saving.plan import SavePlan
 
-from . import frameworks, patches, runrecord, spawned
-from .cadence import Cadence
-from .config import RavexConfig
-from .registry import LoaderState
+from .. import patches
+from ..config import RavexConfig
+from ..counting.cadence import Cadence
+from ..recording import runrecord
+from ..state.registry import LoaderState
+from . import frameworks, spawned
 
 logger = logging.getLogger("ravex")
 
@@ -132,7 +134,6 @@ class RavexRuntime(Cadence):
         self._excepthook: tuple[Any, Any] | None = None
         #: what the framework integrations (:mod:`.frameworks`) add to every checkpoint, by name
         self._integrations: dict[str, Callable[[], Any]] = {}
-        self._saved_integrations: dict[str, Any] = {}  # their entries in the resumed step
 
     def activate(self, scan_existing: bool = True) -> None:
         _setup_logging(self.config.log_level)
@@ -146,11 +147,11 @@ class RavexRuntime(Cadence):
         if self.other_script is not None:
             return  # another script's store: this run stays off (said by _plan_resume)
         self._claim_timeline()  # another run still writing this timeline stops this one here
-        self._install_signals()
+        self.signals.install()
         self._start_watch()
         self._wrap_excepthook()
         self.enabled = True
-        self._prepare_staging()  # what the scan found; the first step adds the optimizer's state
+        self.contents.prepare_staging(self.backend)  # what the scan found; the first step adds the optimizer's state
 
     def shutdown(self, final_checkpoint: bool = True) -> None:
         """Final checkpoint (``checkpoint_on_exit``), flush, close; remove patches."""
@@ -159,7 +160,7 @@ class RavexRuntime(Cadence):
         self._shut = True
         try:
             if (final_checkpoint and self.enabled and self.config.checkpoint_on_exit
-                    and not self._crashed and self._steps_here > 0
+                    and not self.signals.crashed and self._steps_here > 0
                     and self.step != self.last_checkpoint_step):
                 self.exit_checkpoint()
             self.witness.finish()
@@ -171,11 +172,11 @@ class RavexRuntime(Cadence):
         finally:
             self.enabled = False
             self.drop_triggers()
-            self._keepalive.clear()
+            self.contents.release()
             self._clear_forward_hook()
             self.lookahead.close()
             self.loop_position.stop()
-            self._restore_signals()
+            self.signals.restore()
             self._stop_watch()
             self._unwrap_excepthook()
             if self._patches is not None:
@@ -191,9 +192,9 @@ class RavexRuntime(Cadence):
     def integration_state(self, name: str) -> Any:
         """What ``integrations/<name>`` held in the step this rerun resumes from; None when it
         resumes nothing. Read before the restore, so a framework can place its loop first."""
-        if self.backend is not None and (self._candidates or self.world_size > 1):
+        if self.backend is not None and (self.reading.candidates or self.world_size > 1):
             self._load_resume()
-        return self._saved_integrations.get(name)
+        return self.reading.integrations.get(name)
 
     def position_loader(self, loader: Any, epoch: int, consumed: int) -> bool:
         """A framework that counts the batches its loop consumed puts ``loader`` there: its next
@@ -203,7 +204,7 @@ class RavexRuntime(Cadence):
         if self.backend is None:
             return False
         self._load_resume()
-        saved = self._resume_loaders or []
+        saved = self.reading.loaders or []
         index = next((i for i, obj in enumerate(self.registry.live("loaders")) if obj is loader), None)
         if index is None or index >= len(saved) or int(saved[index]["epoch"]) != epoch:
             return False
@@ -211,11 +212,6 @@ class RavexRuntime(Cadence):
         st: LoaderState = self.registry.loader_state(loader)
         st.epoch = epoch - 1  # the next __iter__ is the saved epoch, not one passed through empty
         return True
-
-    @property
-    def steps_here(self) -> int:
-        """Optimizer steps this process has taken (a resumed run counts from 0 again)."""
-        return self._steps_here
 
     def stand_down_for_spawned_ranks(self) -> None:
         """This process starts the job's ranks (:mod:`.spawned`) and trains nothing itself: it
@@ -255,18 +251,12 @@ class RavexRuntime(Cadence):
     def _stand_down(self) -> None:
         """Restore nothing, checkpoint nothing, leave the signals as they were; the patches stay."""
         self.enabled = False
-        self._candidates = []
+        self.reading.candidates = []
         self.drop_triggers()
         self._clear_forward_hook()
         self.loop_position.stop()
-        self._restore_signals()
+        self.signals.restore()
         self._stop_watch()
-
-    def _load_resume(self) -> dict[str, Any] | None:
-        tree = super()._load_resume()
-        if tree is not None and not self._saved_integrations:
-            self._saved_integrations = dict(tree.get("integrations") or {})
-        return tree
 
     def _plan(self, backend: CheckpointBackend, st: LoaderState | None, reason: str) -> SavePlan:
         plan = super()._plan(backend, st, reason)
@@ -279,7 +269,7 @@ class RavexRuntime(Cadence):
         """The complete step this run found to resume from (the one read, once one was)."""
         if self.resumed_from is not None:
             return self.resumed_from
-        return self._candidates[0] if self._candidates else None
+        return self.reading.candidates[0] if self.reading.candidates else None
 
     def restored_step(self) -> int | None:
         """The step restored into the live objects, None until (unless) that happened."""
@@ -288,7 +278,7 @@ class RavexRuntime(Cadence):
     def _report_resume(self) -> None:
         """At exit: a found step never restored is one line on stderr; the outcome is recorded."""
         found, restored = self.found_step(), self.restored_step()
-        if found is not None and restored is None and not self._crashed:
+        if found is not None and restored is None and not self.signals.crashed:
             assert self.backend is not None  # steps are found through an open backend
             logger.warning("ravex: checkpoint step %d in %s was found but NOT restored: %s",
                            found, self.backend.url, self._why_unrestored())
@@ -296,7 +286,7 @@ class RavexRuntime(Cadence):
             store=runrecord.store_key(self.config),
             ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             pid=self.pid, found=found, restored=restored, steps=self._steps_here,
-            crashed=self._crashed)
+            crashed=self.signals.crashed)
         try:
             runrecord.write(self.config, record)
         except OSError as exc:
@@ -308,7 +298,7 @@ class RavexRuntime(Cadence):
         if counts["models"] == 0 and counts["optimizers"] == 0:
             cause = ("no model or optimizer existed to restore into; create them before the loop, "
                      "after Ravex is active")
-        elif self._resume_loaded:
+        elif self.reading.loaded:
             cause = ("every epoch the loop asked for had finished before the checkpoint, so it ran "
                      "no forward pass or optimizer step (an epoch range the checkpoint already "
                      "completed; or a framework with its own loop, such as HF Trainer, that took the "
@@ -323,7 +313,7 @@ class RavexRuntime(Cadence):
 
     def _scan_existing(self) -> None:
         """``activate()`` after the model was built: find what already exists (:mod:`.scan`)."""
-        from .scan import scan
+        from ..state.scan import scan
 
         scan(self.registry)
 
@@ -337,7 +327,7 @@ class RavexRuntime(Cadence):
         def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             alive = runtime()
             if alive is not None:
-                alive._crashed = True
+                alive.signals.crashed = True
             if isinstance(value, RestoreError):  # a found checkpoint that does not fit: one line
                 sys.stderr.write(f"ravex: {value}\n")
                 return

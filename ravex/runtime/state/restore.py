@@ -9,7 +9,7 @@ tensors are :class:`~ravex.format.ArrayRef` leaves, read only after every check 
 straight into the live tensors' memory (one parallel read, no second copy, no fresh pages),
 so ``load_state_dict`` then finds each tensor already in place. :func:`read_small` reads
 the rest of such a tree (RNG, loaders, schedulers) when the step is chosen. The tree's
-layout is :mod:`ravex.runtime.plan`'s.
+layout is :mod:`ravex.runtime.state.plan`'s.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _check_model(where: str, index: int, model: torch.nn.Module, saved: dict[str
 
 def _by_index(what: str, opt: torch.optim.Optimizer, saved: dict[str, Any],
               keys: list[str | int]) -> dict[str, Any]:
-    """A saved optimizer entry with parameters by key (:func:`ravex.runtime.plan.by_name`)
+    """A saved optimizer entry with parameters by key (:func:`ravex.runtime.state.plan.by_name`)
     as the ``state_dict`` ``opt`` loads: each key at the live parameter's index, each live
     param group given the saved group that holds the same parameters, whatever their order."""
     saved_groups = saved["param_groups"]
@@ -286,7 +286,7 @@ def read_small(tree: dict[str, Any]) -> dict[str, Any]:
 
 def with_plain_names(tree: dict[str, Any]) -> dict[str, Any]:
     """``tree`` with the names of a store written before names were plain (:mod:`.names`) made
-    plain: each model's tensors by :func:`~ravex.runtime.names.stored_name`, each optimizer's
+    plain: each model's tensors by :func:`~ravex.runtime.state.names.stored_name`, each optimizer's
     parameters as the model tensor they equal is renamed (or by ``stored_name`` alone). Such a
     store resumes into a plain or a wrapped model alike; any other tree keeps its names."""
     renamed: dict[str, str] = {}
