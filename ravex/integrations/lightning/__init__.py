@@ -39,7 +39,7 @@ Lightning's own file logic keeps working: ``ckpt_path="last"`` finds the newest 
 ``ravex ls``, ``show``, ``diff`` and ``inspect`` read the store. Loading reads only the step the
 pointer names. Pointer files live on a local path; the store may be remote.
 
-**Zero-code.** Under ``ravex enable`` (:mod:`ravex.runtime.frameworks`) :func:`install` gives each
+**Zero-code.** Under ``ravex enable`` (:mod:`ravex.runtime.starting.frameworks`) :func:`install` gives each
 Trainer with Lightning's default CheckpointIO a callback that saves every ``checkpoint_every``
 global steps into the configured store through this plugin, one step per global step, numbered
 by it (raised above any steps of the runtime's own the timeline already holds) and carrying the
@@ -96,7 +96,7 @@ __all__ = [
 
 def _import_lightning() -> None:
     """At import, after every name above exists (a Lightning imported here may run
-    :mod:`ravex.runtime.frameworks`' installer, which uses this module): the Lightning a script
+    :mod:`ravex.runtime.starting.frameworks`' installer, which uses this module): the Lightning a script
     imported, or else one that is installed; none is the one-line error naming the extra."""
     if not any(f"{fabric}.plugins.io.checkpoint_io" in sys.modules for fabric in PACKAGES.values()):
         for fabric in PACKAGES.values():

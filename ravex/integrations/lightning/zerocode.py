@@ -31,7 +31,7 @@ class TrainingLoss(Protocol):
 
 
 class LightningRuntime(Protocol):
-    """What the zero-code integration asks of the runtime (:class:`ravex.runtime.lifecycle.RavexRuntime`)."""
+    """What the zero-code integration asks of the runtime (:class:`ravex.runtime.starting.lifecycle.RavexRuntime`)."""
 
     @property
     def last_loss(self) -> TrainingLoss:
