@@ -11,32 +11,24 @@ as its delta base, so a tensor that did not change since the last save is reused
 chunk and writes no new object. The step number is the next after every step folder in the
 store (``0`` in a new store), or ``RavexStorageWriter(url, step=n)`` for the next save.
 
-**Names.** A tensor is stored under its state-dict path, each key a path segment
-(``model/fc1.weight``, ``optim/state/fc1.weight/exp_avg``), so ``ravex ls``/``show``/``diff``/
-``validate``, the inspector and stock zarr (through ``refs.json``) see the state as it was saved.
-A whole (unsharded) tensor that rank 0 also holds is written by rank 0, so rank 0's tree holds
-the whole replicated state. A tensor sharded along dimension 0 (``Shard(0)``, FSDP) is one
-global array: each rank writes its rows (:class:`ravex.format.ArrayShard`), every rank using one
-chunk size that divides all the shard boundaries. Any other sharding (another dimension, 2-D
-meshes) is stored as one array per piece, ``<name>/offset-<o0>.<o1>...``, each piece's offsets
-being its place in the global tensor; DCP reshards those as well.
+**Names.** A tensor is stored under its state-dict path (``model/fc1.weight``), so every tool
+and stock zarr (through ``refs.json``) sees the state as it was saved. A whole tensor rank 0
+also holds is written by rank 0. A tensor sharded along dimension 0 (``Shard(0)``, FSDP) is one
+global array, each rank writing its rows (:class:`ravex.format.ArrayShard`) with one chunk size
+that divides every shard boundary; any other sharding is one array per piece,
+``<name>/offset-<o0>.<o1>...``, at its place in the global tensor. DCP reshards either.
 
-**DCP's metadata without pickle.** Rank 0's manifest carries, in its ``metadata`` member (§5,
-string to string), the member ``dcp``: a typed JSON document (§9) with each tensor's dtype,
-global shape and stored chunks (the arrays and their offsets), where each non-tensor value
-lives, and DCP's ``planner_data`` (each flattened name's key path). The reader builds DCP's
-``Metadata`` from it.
+**DCP's metadata without pickle.** Rank 0's manifest ``metadata`` (§5) carries ``dcp``: a typed
+JSON document (§9) with each tensor's dtype, global shape and stored chunks, where each
+non-tensor value lives, and DCP's ``planner_data``; the reader builds DCP's ``Metadata`` from it.
 
-**Non-tensor values.** DCP hands those to storage as ``torch.save`` pickles; Ravex stores the
-value itself instead, as typed JSON in the tree (``None``, ``bool``, ``int``, ``float``,
-``str``, ``bytes`` and lists, tuples and dicts of them), and refuses anything else at save time
-with an error naming the key. Loading decodes that JSON and hands DCP's planner the
-``torch.save`` of the decoded plain value, the only form ``LoadPlanner.load_bytes`` accepts:
-nothing read from the store is ever unpickled.
+**Non-tensor values.** DCP hands those over as ``torch.save`` pickles; Ravex stores the value
+itself, as typed JSON (plain scalars, ``bytes``, lists, tuples and dicts of them), and refuses
+anything else at save time, naming the key. Loading hands DCP's planner the ``torch.save`` of
+the decoded value (the only form ``load_bytes`` accepts): nothing read is ever unpickled.
 
-**Loading** reads only the chunks that overlap what each rank asks for: DCP's planner turns
-the stored chunks and the destination's sharding into (offsets, lengths) boxes, and the reader
-fetches the rows of each box (§12), so any world size loads any other's save.
+**Loading** reads only the chunks that overlap what each rank asks for (DCP's boxes, §12), so
+any world size loads any other's save.
 """
 
 from __future__ import annotations
