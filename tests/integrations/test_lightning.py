@@ -198,9 +198,12 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert rerun.returncode == 0, rerun.explain()
     assert "IO ZeroCodeIO" in rerun.stdout, rerun.explain()
     assert "Ravex's own checkpoints stand down" in rerun.stderr and "NOT restored" not in rerun.stderr
-    assert "resumed from" not in rerun.stderr and "Lightning Trainer's checkpoint" not in rerun.stderr, rerun.stderr
+    assert "ravex: resumed from" not in rerun.stderr, rerun.stderr  # the runtime restored nothing
+    assert "Lightning Trainer's checkpoint" not in rerun.stderr, rerun.stderr
     start = _starts(rerun)
     assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
+    assert (rerun.witness or "").startswith(f"ravex: resume not verified (resumed from step {start}): Lightning "
+                                            "restores this run itself"), rerun.explain()
     steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
     assert steps == list(range(start + 1, STEPS + 1)), steps
     final = torch.load(tmp_path / "final.pt", weights_only=True)
@@ -291,6 +294,8 @@ def test_ddp_killed_in_a_later_epoch_resumes_the_same_batches_bitwise(tmp_path, 
     assert rerun.returncode == 0, rerun.explain()
     start = _starts(rerun)
     assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
+    assert (rerun.witness or "").startswith(f"ravex: resume not verified (resumed from step {start}): Lightning "
+                                            "restores this run itself"), rerun.explain()
     resumed = {tuple(line.split()[1:3]): line.split()[3] for line in rerun.stdout if line.startswith("BATCH ")}
     assert set(resumed) == {(str(r), str(s)) for r in (0, 1) for s in range(start + 1, steps + 1)}, rerun.explain()
     assert {k: v for k, v in resumed.items() if drawn[k] != v} == {}, f"resumed from {start}: other batches drawn"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -22,6 +23,8 @@ from .loop import _PATCHED, RESUME_POINTER, _EveryN, _loader_iter
 from .plugin import GLOBAL_STEP_KEY, PACKAGES, RavexCheckpointIO, ZeroCodeIO, _register
 from .pointers import Ref, _ref, write_pointer
 from .settings import ZeroCode
+
+logger = logging.getLogger("ravex")
 
 Replace = Callable[[Any, str, Callable[[Any], Any]], None]
 
@@ -105,6 +108,10 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, ligh
     trainer.strategy.checkpoint_io = ZeroCodeIO(io, current, settings.pointers)
     trainer.callbacks.append(lightning.cadence(settings, io))
     runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{start.describe()}")
+    if start.step is not None and trainer.is_global_zero:
+        logger.info("ravex: resume not verified (resumed from step %s): Lightning restores this run itself, from "
+                    "its Trainer's checkpoint, and the witness compares only the resumes Ravex's runtime makes",
+                    start.step)
     if start.step is not None and trainer.ckpt_path is None:
         path = os.path.join(settings.pointers, RESUME_POINTER)
         write_pointer(path, start.url or settings.url, start.step)  # every rank the same bytes, atomically: no wait
