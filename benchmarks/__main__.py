@@ -7,6 +7,7 @@
     python -m benchmarks format                 # full run: ~1 GiB state, 3 repetitions
     python -m benchmarks format --quick         # smoke test: tiny state, well under a minute
     python -m benchmarks goodput                # (h) training time lost per checkpoint, busy loop
+    python -m benchmarks cadence --cost 0.8     # (k) checkpoint_every: auto against fixed cadences, simulated
     python -m benchmarks report out.json --markdown   # re-print a saved run (--plot PNG: redraw)
 """
 
@@ -215,6 +216,20 @@ def _goodput(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cadence(args: argparse.Namespace) -> int:
+    from . import cadence
+
+    res: dict[str, Any] = _header("cadence", args)
+    runs = [cadence.run(args.cost, hours * 3600, args.restart, args.days * 86400, trials=args.trials)
+            for hours in args.mtbf_hours]
+    res["runs"] = runs
+    out = args.out or os.path.join(HERE, "out", "cadence.json")
+    _write_json(res, out)
+    print("\n\n".join(cadence.table(r) for r in runs))
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     with open(args.json) as f:
         res = json.load(f)
@@ -278,6 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--plain", action="store_true", help="plain-text table even on a terminal")
     g.add_argument("--silent", action="store_true", help="no progress lines on stderr")
     g.set_defaults(func=_goodput)
+    k = sub.add_parser("cadence", help="(k) checkpoint_every: auto against 10x shorter and longer fixed "
+                                       "intervals, failures simulated over a measured cost")
+    k.add_argument("--cost", type=float, required=True,
+                   help="seconds a checkpoint takes from the loop (benchmark (h): lost per checkpoint)")
+    k.add_argument("--mtbf-hours", type=float, nargs="+", default=[6.0, 1.0], help="default 6 1")
+    k.add_argument("--restart", type=float, default=60.0, help="seconds to come back after a failure; default 60")
+    k.add_argument("--days", type=float, default=7.0, help="training to finish; default 7 days")
+    k.add_argument("--trials", type=int, default=200, help="jobs simulated per cadence; default 200")
+    k.add_argument("--out", help="JSON path; default benchmarks/out/cadence.json")
+    k.set_defaults(func=_cadence, dir=tempfile.gettempdir(), quick=False)
     r = sub.add_parser("report", help="print the tables of a saved JSON run")
     r.add_argument("json")
     r.add_argument("--markdown", action="store_true")

@@ -83,8 +83,14 @@ class RavexConfig:
     """The resolved configuration. Build it with :meth:`load`."""
 
     storage: StorageConfig = field(default_factory=StorageConfig)
-    checkpoint_every: int | None = 100
+    #: steps between checkpoints; ``"auto"``: the interval this run's measured cost and ``mtbf``
+    #: make best (Young/Daly, ravex/runtime/counting/autocadence.py), within ``max_overhead``
+    checkpoint_every: int | str | None = 100
     checkpoint_every_seconds: float | None = None
+    #: the mean time between failures ``checkpoint_every: auto`` plans for, in seconds
+    mtbf: float = 6 * 3600.0
+    #: the most of the training time ``checkpoint_every: auto`` may spend on checkpoints
+    max_overhead: float = 0.02
     keep_last: int | None = 3
     keep_every: int | None = None
     compression: str = "none"
@@ -118,6 +124,11 @@ class RavexConfig:
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     #: the yaml file that was read, if any.
     config_file: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def fixed_every(self) -> int | None:
+        """The steps between checkpoints where a number sets them (None: ``auto`` or none)."""
+        return self.checkpoint_every if isinstance(self.checkpoint_every, int) else None
 
     # ── loading ─────────────────────────────────────────────────────────
 
@@ -295,6 +306,37 @@ def _positive_int_or_none(value: Any) -> int | None:
     return value
 
 
+def _every(value: Any) -> int | str | None:
+    if value == "auto":
+        return "auto"
+    try:
+        return _positive_int_or_none(value)
+    except ValueError:
+        raise ValueError(f"expected a positive integer, 'auto' (from the measured cost and mtbf), or "
+                         f"null/0 to disable, got {value!r}") from None
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(value: Any) -> float:
+    """Seconds, or a number with a unit: ``90s``, ``30m``, ``6h``, ``2d``."""
+    if isinstance(value, str) and (m := re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd])\s*", value)):
+        value = float(m.group(1)) * _UNITS[m.group(2)]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"expected a duration such as 6h, 30m, 90s or a number of seconds, got {value!r}")
+    return float(value)
+
+
+def _overhead(value: Any) -> float:
+    """A fraction of the training time: ``0.02`` or ``2%``."""
+    if isinstance(value, str) and (m := re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)):
+        value = float(m.group(1)) / 100
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"expected a share of the training time such as 2% or 0.02, got {value!r}")
+    return float(value)
+
+
 def _positive_float_or_none(value: Any) -> float | None:
     if value is None or value == 0:
         return None
@@ -379,8 +421,10 @@ def _script_variables(value: Any) -> str | list[str]:
 
 
 _VALIDATORS = {
-    "checkpoint_every": _positive_int_or_none,
+    "checkpoint_every": _every,
     "checkpoint_every_seconds": _positive_float_or_none,
+    "mtbf": _duration,
+    "max_overhead": _overhead,
     "keep_last": _positive_int_or_none,
     "keep_every": _positive_int_or_none,
     "compression": _compression,

@@ -47,6 +47,20 @@ def test_time_based_checkpoints_land_on_the_same_steps_on_every_rank(tmp_path):
     assert all(store.step_info(s).complete for s in steps)
 
 
+def test_auto_cadence_checkpoints_land_on_the_same_steps_on_every_rank(tmp_path):
+    """``checkpoint_every: auto``: the first checkpoints, ten steps apart, are counted alike on
+    both ranks; the timed ones after them follow rank 0's clock through the poll, so every step
+    is written by both, rank 1's late start notwithstanding; rank 0 alone says the interval."""
+    cwd = h.workdir(tmp_path, every="auto", mtbf="2s", max_overhead="50%", keep_last=0)
+    run = h.run(2, cwd, h.env(T_ENTRY="activate", T_EPOCHS="4", T_STEP_SECONDS="0.1", T_SKEW="0.5"))
+    assert run.returncode == 0, run.explain()
+    steps = _steps(cwd)
+    assert {s: r for s, r in steps.items() if r != {0, 1}} == {}, f"steps not written by both ranks: {steps}"
+    assert {10, 20, 2 * STEPS} <= set(steps), steps
+    said = [line for line in run.stderr.splitlines() if "checkpoint_every: auto" in line]
+    assert len(said) == 1 and "MTBF 2 s" in said[0], run.explain()
+
+
 def _signal_when_waiting(ranks: list[int], target: str):
     """Send SIGTERM once every rank in ``ranks`` waits: to the launcher or to one rank's pid."""
     sent: list[int] = []

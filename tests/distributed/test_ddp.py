@@ -164,3 +164,4 @@ def test_four_ranks_sigkill_resume_is_bitwise(tmp_path):
                if e.chunks and e.shape and not p.startswith("rank-")}
     assert writers == {0, 1, 2, 3}
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
+

@@ -45,6 +45,7 @@ from ..recording.witness import ResumeWitness
 from ..restoring.resume import Resume
 from ..state.plan import collect, drained_ahead
 from ..state.registry import LoaderState
+from .autocadence import AutoInterval
 from .backward import BackwardSteps
 from .breaker import CircuitBreaker
 from .contents import CheckpointContents
@@ -81,6 +82,8 @@ class Cadence(Resume):
         #: what each checkpoint is handed to the backend as
         self.contents = CheckpointContents(config, self.registry, self.rank, self.world_size, self.pid,
                                            self.last_loss, self.witness)
+        #: ``checkpoint_every: auto``: the interval from the measured cost and the MTBF
+        self.auto = AutoInterval(config.mtbf, config.max_overhead) if config.checkpoint_every == "auto" else None
 
     @property
     def steps_here(self) -> int:
@@ -139,8 +142,11 @@ class Cadence(Resume):
         if self._steps_here == 1:
             self.contents.keep_alive()
             self.contents.prepare_staging(self.backend)
-        every = self.config.checkpoint_every
-        if every and n % every == 0:
+        every = self.config.fixed_every
+        auto = self.auto
+        if auto is not None:
+            auto.stepped(time.monotonic())
+        if (every and n % every == 0) or (auto is not None and auto.due_by_count(n - (self.last_checkpoint_step or 0))):
             self._due = True
             self.loop_position.note_due(position.innermost_frame(sys._getframe(1)))
         self._check_time()
@@ -262,7 +268,7 @@ class Cadence(Resume):
     def _check_time(self) -> None:
         """Time-based checkpoint due? With several ranks also: a signal caught by any rank?
         Several ranks decide both together (:meth:`.signals.ExitSignals.agree`)."""
-        seconds = self.config.checkpoint_every_seconds
+        seconds = self.config.checkpoint_every_seconds or (self.auto.seconds if self.auto is not None else None)
         time_due = bool(seconds and self.step != self.last_checkpoint_step
                         and time.monotonic() - self._last_time >= seconds)
         if self.signals.agree(time_due):
@@ -343,6 +349,9 @@ class Cadence(Resume):
         self.last_checkpoint_step = self.step
         if reason != "exit":
             self.witness.checkpoint_taken(self.step, backend)
+            said = self.auto.checkpointed() if self.auto is not None else None
+            if said is not None:
+                self._say_for_job(logging.INFO, "%s", said)
         return True
 
     def _prepare_writes(self, backend: CheckpointBackend) -> None:

@@ -79,7 +79,8 @@ class ExitSignals:
         and change nothing.
         """
         poll = self.poll
-        if poll is None or not (self.config.checkpoint_every_seconds or self.previous) or not collectives.can_agree():
+        timed = self.config.checkpoint_every_seconds or self.config.checkpoint_every == "auto"
+        if poll is None or not (timed or self.previous) or not collectives.can_agree():
             return time_due
         run = self.run
         if run.steps_here == 0 or not poll.due(run.step):

@@ -121,7 +121,7 @@ class ResumeWitness:
     def __init__(self, config: RavexConfig, rank: int, world_size: int, last_loss: LastLoss) -> None:
         self.enabled = config.witness != "off"
         self.tolerance = config.witness_tolerance if config.witness == "tolerant" else None
-        every = config.checkpoint_every
+        every = config.fixed_every
         #: steps recorded per window: a checkpoint inside the window starts the next one
         self.length = WITNESS_STEPS if not every else min(WITNESS_STEPS, every)
         self.rank = rank

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from .. import finders
 from ..config import RavexConfig
 from ..patches import Patches
 from ..recording.runrecord import RECORD_DIR, store_key
+
+logger = logging.getLogger("ravex")
 
 
 def _install_hf(runtime: Any, patches: Patches) -> None:
@@ -51,10 +54,13 @@ def _install_lightning(package: str, runtime: Any, patches: Patches) -> None:
 
     config: RavexConfig = runtime.config
     settings = lightning.ZeroCode(
-        url=config.storage.url, pointers=pointer_folder(config), every=config.checkpoint_every,
+        url=config.storage.url, pointers=pointer_folder(config), every=config.fixed_every,
         keep_last=config.keep_last, resume=config.resume, on_exit=config.checkpoint_on_exit,
         compression=config.compression, storage_options=config.storage.storage_options(),
         former=former_lightning_store(config))
+    if config.checkpoint_every == "auto":
+        logger.warning("ravex: `checkpoint_every: auto` sets Ravex's own cadence; a Lightning Trainer saves at the "
+                       "end of fit and at exit only: set `checkpoint_every` to a number of global steps")
     lightning.install(runtime, settings, patches.replace, package)
 
 
