@@ -36,6 +36,7 @@ ModelCheckpoint = importlib.import_module(
 SAMPLES, BATCH, EPOCHS, EVERY = 64, 4, 3, 4  # 16 steps per epoch, 48 in all (8 and 24 on two ranks)
 MODE = os.environ.get("T_MODE", "async")
 DEVICES = int(os.environ.get("T_DEVICES", "1"))
+BLOCK_AT = int(os.environ.get("T_BLOCK_AT", "0") or 0)  # zero-code: flush, say BLOCKED, wait to be killed
 
 
 class ResumableLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
@@ -92,6 +93,10 @@ class Net(L.LightningModule):
         if self.global_rank == 0:
             _say(f"LOSS {step} {float(outputs['loss'])!r}")
             _say(f"STEP {step} W{_written()}")
+        if BLOCK_AT == step and MODE == "zero" and self.global_rank == 0:
+            self.trainer.strategy.checkpoint_io.ravex.flush()  # every queued write durable: saves, witnesses
+            _say("BLOCKED")
+            sys.stdin.read()  # the test SIGKILLs us here
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         opt = torch.optim.AdamW(self.net.parameters(), lr=1e-2, betas=(0.9, 0.99))

@@ -202,8 +202,11 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     assert "Lightning Trainer's checkpoint" not in rerun.stderr, rerun.stderr
     start = _starts(rerun)
     assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
-    assert (rerun.witness or "").startswith(f"ravex: resume not verified (resumed from step {start}): Lightning "
-                                            "restores this run itself"), rerun.explain()
+    # killed once its step was durable: verified, or, where no step after it had finished yet, said so
+    said = rerun.witness or ""
+    assert said.startswith((f"ravex: resume verified: after step {start}, ",
+                            f"ravex: resume not verified (resumed from step {start}): no step after step {start} "
+                            "had finished")), rerun.explain()
     steps = [int(line.split()[1]) for line in rerun.stdout if line.startswith("STEP ")]
     assert steps == list(range(start + 1, STEPS + 1)), steps
     final = torch.load(tmp_path / "final.pt", weights_only=True)
@@ -236,6 +239,26 @@ def test_zero_code_under_ravex_enable_resumes_bitwise(tmp_path, uninterrupted_pl
     checked = subprocess.run([sys.executable, "-m", "ravex", "validate", str(tmp_path / "ckpt")],
                              env=env, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_zero_code_resume_is_verified_by_the_witness(tmp_path, uninterrupted_plain_loader, enabled):
+    """Lightning restores the run itself; rank 0's witness recorded the steps after each save (its
+    files beside the step) and checks the resumed run's first steps against them. Killed three
+    steps after a save, every write flushed: the rerun says ``resume verified``, and ends bitwise."""
+    every = _cadence(STEPS, STEPS // EPOCHS)
+    saved = every[1]
+    (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\nkeep_last: 2\n")
+    env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), T_MODE="zero", T_LOADER="plain", **ENV)
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, {**env, "T_BLOCK_AT": str(saved + 3)}, kill_on="BLOCKED")
+    assert killed.returncode == -9, killed.explain()
+    assert (tmp_path / "ckpt" / "steps" / str(saved) / "witness-0.json").exists(), killed.explain()
+    rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
+    assert rerun.returncode == 0 and _starts(rerun) == saved, rerun.explain()
+    rerun.assert_verified()
+    assert rerun.witness.startswith(f"ravex: resume verified: after step {saved}, steps {saved + 1}-{saved + 3} "
+                                    "match"), rerun.explain()
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    harness.assert_same_state(final["model"], uninterrupted_plain_loader["model"], "model")
 
 
 def test_a_finished_run_rerun_unchanged_trains_nothing_and_writes_the_same_files(tmp_path, enabled):
@@ -294,8 +317,11 @@ def test_ddp_killed_in_a_later_epoch_resumes_the_same_batches_bitwise(tmp_path, 
     assert rerun.returncode == 0, rerun.explain()
     start = _starts(rerun)
     assert start >= first and start in points, f"checkpoint {first}: " + rerun.explain()
-    assert (rerun.witness or "").startswith(f"ravex: resume not verified (resumed from step {start}): Lightning "
-                                            "restores this run itself"), rerun.explain()
+    # killed once its step was durable: verified, or, where no step after it had finished yet, said so
+    said = rerun.witness or ""
+    assert said.startswith((f"ravex: resume verified: after step {start}, ",
+                            f"ravex: resume not verified (resumed from step {start}): no step after step {start} "
+                            "had finished")), rerun.explain()
     resumed = {tuple(line.split()[1:3]): line.split()[3] for line in rerun.stdout if line.startswith("BATCH ")}
     assert set(resumed) == {(str(r), str(s)) for r in (0, 1) for s in range(start + 1, steps + 1)}, rerun.explain()
     assert {k: v for k, v in resumed.items() if drawn[k] != v} == {}, f"resumed from {start}: other batches drawn"

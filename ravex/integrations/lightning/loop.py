@@ -12,7 +12,9 @@ import weakref
 from typing import Any
 
 from .plugin import RavexCheckpointIO
+from .pointers import Ref, _split
 from .settings import ZeroCode
+from .witnessing import FrameworkWitness, WitnessFiles
 
 #: the pointer file the zero-code take-over sets as a resuming Trainer's ``ckpt_path``
 RESUME_POINTER = "resume.ckpt"
@@ -38,10 +40,14 @@ class _EveryN:
     then the RNG streams are put back as they were at the checkpoint; a rerun that iterates nothing
     (a finished run) gets them back at the end of ``fit``."""
 
-    def __init__(self, settings: ZeroCode, io: RavexCheckpointIO) -> None:
+    def __init__(self, settings: ZeroCode, io: RavexCheckpointIO, witness: FrameworkWitness | None = None,
+                 resumed: Ref | None = None) -> None:
         super().__init__()
         self.settings = settings
         self.io = io
+        #: rank 0's resume witness: the steps after each save recorded, a resume checked
+        self.witness = witness
+        self.resumed_ref = resumed  # the step Lightning restores, until its first batch starts
         self.last_step: int | None = None  # the global step of the last save (or of the step resumed)
         self.seen: int | None = None  # the global step at the previous batch end
         self.due = False  # a save is due at the next batch end that steps and ends no epoch
@@ -117,10 +123,15 @@ class _EveryN:
 
     def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
         self.resumed = None
+        ref, self.resumed_ref = self.resumed_ref, None
+        if ref is not None and self.witness is not None:  # after the sanity check's forward passes
+            self.witness.resumed(_split(ref)[1], WitnessFiles(self.io, ref), 1)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         step, every = trainer.global_step, self.settings.every
         stepped, self.seen = step != self.seen, step  # an optimizer step ended this batch
+        if stepped and self.witness is not None:
+            self.witness.step_done(self.io._base + step)
         if every and stepped and step % every == 0 and step != self.last_step:
             self.due = True
         if self.due and stepped and not _ends_epoch_or_fit(trainer):
@@ -128,7 +139,7 @@ class _EveryN:
 
     def on_train_end(self, trainer: Any, *args: Any) -> None:
         if self.due or (self.settings.on_exit and trainer.global_step != self.last_step):
-            self._save(trainer)
+            self._save(trainer, window=False)  # no step follows it to witness
         self.io.flush()  # every pointer on disk: the retention below sees them all
         self._prune(trainer, None)
 
@@ -136,6 +147,8 @@ class _EveryN:
         """A resumed state no batch trained from (a finished run's rerun: Lightning still makes the
         train loader's iterator, which draws its seed, then finds the loop done): its RNG streams
         again, so that what the script does after ``fit`` sees those the first run ended with."""
+        if stage == "fit" and self.witness is not None:
+            self.witness.finish()
         resumed, self.resumed, self.pending = self.resumed, None, None
         if resumed is not None:
             rank = self._rank()
@@ -146,10 +159,12 @@ class _EveryN:
             # its checkpoint as in a run never stopped (Lightning keeps a ckpt_path set by hand)
             trainer.ckpt_path = None
 
-    def _save(self, trainer: Any) -> None:
+    def _save(self, trainer: Any, window: bool = True) -> None:
         self.last_step, self.due = trainer.global_step, False
         name = f"step={trainer.global_step}.ckpt"
         trainer.save_checkpoint(os.path.join(self.settings.pointers, name))
+        if window and self.witness is not None:
+            self.witness.checkpoint_taken(self.io._base + trainer.global_step, WitnessFiles(self.io))
         self._prune(trainer, name)
 
     def _prune(self, trainer: Any, saving: str | None) -> None:

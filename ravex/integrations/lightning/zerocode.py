@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import logging
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,8 +22,7 @@ from .loop import _PATCHED, RESUME_POINTER, _EveryN, _loader_iter
 from .plugin import GLOBAL_STEP_KEY, PACKAGES, RavexCheckpointIO, ZeroCodeIO, _register
 from .pointers import Ref, _ref, write_pointer
 from .settings import ZeroCode
-
-logger = logging.getLogger("ravex")
+from .witnessing import FrameworkWitness
 
 Replace = Callable[[Any, str, Callable[[Any], Any]], None]
 
@@ -39,6 +37,8 @@ class LightningRuntime(Protocol):
     @property
     def last_loss(self) -> TrainingLoss:
         """The loss ``backward()`` last ran on (the runtime keeps it, handed over or not)."""
+
+    def framework_witness(self) -> FrameworkWitness: ...
 
     def hand_over(self, why: str) -> None: ...
 
@@ -106,12 +106,10 @@ def _take_over(runtime: LightningRuntime, settings: ZeroCode, trainer: Any, ligh
     if start.fork:
         io._fork_at = start.step  # the steps after it are another history: this run's go to a new timeline
     trainer.strategy.checkpoint_io = ZeroCodeIO(io, current, settings.pointers)
-    trainer.callbacks.append(lightning.cadence(settings, io))
+    witness = runtime.framework_witness() if trainer.is_global_zero else None  # rank 0 alone writes the steps
+    resumed = start.step if start.url is None else None  # a former store's steps have no witness
+    trainer.callbacks.append(lightning.cadence(settings, io, witness, resumed))
     runtime.hand_over(f"Lightning saves this run into {settings.url} through RavexCheckpointIO{start.describe()}")
-    if start.step is not None and trainer.is_global_zero:
-        logger.info("ravex: resume not verified (resumed from step %s): Lightning restores this run itself, from "
-                    "its Trainer's checkpoint, and the witness compares only the resumes Ravex's runtime makes",
-                    start.step)
     if start.step is not None and trainer.ckpt_path is None:
         path = os.path.join(settings.pointers, RESUME_POINTER)
         write_pointer(path, start.url or settings.url, start.step)  # every rank the same bytes, atomically: no wait

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ravex.format.history.runs import ResumeCheck
 from ravex.format.history.witness import Witness, WitnessEntry
@@ -38,12 +38,19 @@ from ravex.format.history.witness import Witness, WitnessEntry
 from ..distributed import collectives
 
 if TYPE_CHECKING:
-    from ravex.saving.backend import CheckpointBackend
-
     from ..config import RavexConfig
     from .loss import LastLoss
 
 logger = logging.getLogger("ravex")
+
+
+class WitnessStore(Protocol):
+    """Where witnesses go and come from: the run's backend, or a framework's own writer
+    (Lightning's, :mod:`ravex.integrations.lightning`)."""
+
+    def write_witness(self, witness: Witness) -> None: ...
+
+    def read_witness(self, step: int, rank: int) -> Witness | None: ...
 
 #: Steps recorded after each checkpoint, and compared after a resume.
 WITNESS_STEPS = 3
@@ -127,7 +134,7 @@ class ResumeWitness:
         self.rank = rank
         self.world_size = world_size
         self.last_loss = last_loss
-        self.backend: CheckpointBackend | None = None
+        self.backend: WitnessStore | None = None
         self.verdict: ResumeCheck | None = None  # the resumed run's, once concluded
         self._writing: tuple[int, list[WitnessEntry]] | None = None  # (checkpoint step, entries so far)
         self._check: _Check | None = None
@@ -142,7 +149,7 @@ class ResumeWitness:
 
     # ── the run that writes a step ──────────────────────────────────────
 
-    def checkpoint_taken(self, step: int, backend: CheckpointBackend) -> None:
+    def checkpoint_taken(self, step: int, backend: WitnessStore) -> None:
         """A checkpoint of ``step`` was handed to ``backend``: record the steps that follow."""
         if not self.enabled:
             return
@@ -152,7 +159,7 @@ class ResumeWitness:
 
     # ── the run that resumes one ────────────────────────────────────────
 
-    def resumed(self, step: int, backend: CheckpointBackend, saved_world_size: int, finished: bool = False) -> None:
+    def resumed(self, step: int, backend: WitnessStore, saved_world_size: int, finished: bool = False) -> None:
         """The checkpoint of ``step`` was restored: compare the next steps with its witness.
         ``finished``: the step a finished run ended with, which no step followed; a rerun that
         trains on past it (a larger bound) says that its resume is not verified, one that trains

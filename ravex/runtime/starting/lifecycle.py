@@ -36,6 +36,7 @@ from .. import patches
 from ..config import RavexConfig
 from ..counting.cadence import Cadence
 from ..recording import runrecord
+from ..recording.witness import ResumeWitness
 from ..state.registry import LoaderState
 from . import frameworks, spawned
 
@@ -222,6 +223,12 @@ class RavexRuntime(Cadence):
         self.enabled = False  # nothing to report: shutdown reports only for an enabled runtime
         self.shutdown(final_checkpoint=False)
         reset_runtime()
+
+    def framework_witness(self) -> ResumeWitness:
+        """A witness for a framework that checkpoints and resumes the run itself (Lightning,
+        whose checkpoints rank 0 alone writes): it records the steps after each of its saves and
+        checks a resume of one, as this runtime's own witness does for its steps."""
+        return ResumeWitness(self.config, 0, 1, self.last_loss)
 
     def hand_over(self, why: str) -> None:
         """A framework checkpoints and resumes this run itself (Lightning, through Ravex's
