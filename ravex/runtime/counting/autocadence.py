@@ -37,11 +37,12 @@ class AutoInterval:
     max_overhead: float
     cost: float | None = None  #: seconds one checkpoint takes from the loop (a running estimate)
     seconds: float | None = None  #: the interval, once the cost is known
-    _durations: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
-    _since: list[float] = field(default_factory=list)  #: the steps since the last checkpoint
-    _last: float | None = None  #: when the last step ended
-    _checkpoints = 0
-    _said: float | None = None  #: the interval last said
+    _durations: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=WINDOW), init=False)
+    _since: list[float] = field(default_factory=list, init=False)  #: the steps since the last checkpoint
+    _last: float | None = field(default=None, init=False)  #: when the last step ended
+    _checkpoints: int = field(default=0, init=False)
+    _said: float | None = field(default=None, init=False)  #: the interval last said
 
     def stepped(self, now: float) -> None:
         """A step ended at ``now`` (monotonic seconds)."""
