@@ -35,8 +35,15 @@ import scripts  # noqa: E402
 from scripts import SCRIPTS  # noqa: E402
 
 YAML = "storage: ./checkpoints\ncheckpoint_every: {every}\nkeep_last: 3\n"
-RESUMED = re.compile(r"ravex: resumed from step (\d+)")
+# the runtime's own resume, or a Lightning Trainer's that zero-code handed it (integrations/lightning)
+RESUMED = re.compile(r"ravex: resumed from step (\d+)|RavexCheckpointIO; resuming from step (?:\w[\w.-]*@)?(\d+)")
 CKPT = re.compile(r"^ravex: checkpoint step \d+:")
+
+
+def resumed_step(out: str) -> str | None:
+    """The step a rerun's output says it resumed from, whichever path resumed it."""
+    m = RESUMED.search(out)
+    return (m.group(1) or m.group(2)) if m else None
 
 
 def env_for(workdir, spec):
@@ -387,7 +394,7 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
         rewritten=sorted(f for f in before if f in after and after[f] != before[f] and after[f][0] == before[f][0]),
         new=new, new_vs_first=new_vs_first, gone=sorted(f for f in before if f not in after),
         n_files=len(before), counter_lines=len(counters), first_counter=counters[0] if counters else None,
-        resumed=(m.group(1) if (m := RESUMED.search(again["out"])) else None),
+        resumed=resumed_step(again["out"]),
         ravex_notes=ravex_notes(again["out"])[:6], tail=again["out"].strip().splitlines()[-3:],
     )
 
@@ -454,8 +461,8 @@ def main():
             k = run(wd(f"trial{t}"), spec["cmd"], args.python, spec, kill_at=target, unit=unit,
                     need_store=bool(ref_store))
             r = run(wd(f"trial{t}"), spec["cmd"], args.python, spec)
-            m = RESUMED.search(r["out"])
-            resumed = int(m.group(1)) if m else None
+            step = resumed_step(r["out"])
+            resumed = int(step) if step is not None else None
             d = r["dump"]
             ran = (d["step"] if unit == "step" else d["backwards"]) if d else None
             expected = total - (resumed or 0) if unit == "step" else total
