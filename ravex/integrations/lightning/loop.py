@@ -131,7 +131,7 @@ class _EveryN:
         step, every = trainer.global_step, self.settings.every
         stepped, self.seen = step != self.seen, step  # an optimizer step ended this batch
         if stepped and self.witness is not None:
-            self.witness.step_done(self.io._base + step)
+            self.witness.step_done(self.io.step_of(step))
         if every and stepped and step % every == 0 and step != self.last_step:
             self.due = True
         if self.due and stepped and not _ends_epoch_or_fit(trainer):
@@ -164,7 +164,7 @@ class _EveryN:
         name = f"step={trainer.global_step}.ckpt"
         trainer.save_checkpoint(os.path.join(self.settings.pointers, name))
         if window and self.witness is not None:
-            self.witness.checkpoint_taken(self.io._base + trainer.global_step, WitnessFiles(self.io))
+            self.witness.checkpoint_taken(self.io.step_of(trainer.global_step), WitnessFiles(self.io))
         self._prune(trainer, name)
 
     def _prune(self, trainer: Any, saving: str | None) -> None:

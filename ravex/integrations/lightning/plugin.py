@@ -75,6 +75,10 @@ class RavexCheckpointIO:
 
     # ---- Lightning's CheckpointIO ---------------------------------------------------------
 
+    def step_of(self, global_step: int) -> int:
+        """The store's step number of a save at ``global_step`` (``numbering="global_step"``)."""
+        return self._base + global_step
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError("RavexCheckpointIO.save_checkpoint takes no storage_options; pass them to "
@@ -174,7 +178,7 @@ class RavexCheckpointIO:
         if self._writer is None:
             self._writer = view.writer(compression=self.compression)
         if self.numbering == "global_step":
-            step = self._base + int(tree["global_step"])
+            step = self.step_of(int(tree["global_step"]))
             if view.step_info(step).complete:
                 logger.warning("ravex: %s already holds step %d (global step %d of an earlier run): this save "
                                "is not written; a run that starts over needs a store of its own",
