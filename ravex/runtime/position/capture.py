@@ -45,8 +45,9 @@ def capture(frame: FrameType, mode: str, wanted: str | list[str]) -> tuple[dict[
     if mode == "drawn":
         code = frame.f_code
         head = source.place(code.co_filename, code.co_name, code.co_firstlineno, line, "head")
-        drawn_by_for = head is not None and head.loops and head.loops[-1].kind == "for"
-        mode, line = ("header", head.loops[-1].line) if head and drawn_by_for else ("head", line)
+        mode = "head"
+        if head is not None and head.loops and head.loops[-1].kind == "for":
+            mode, line = "header", head.loops[-1].line
     recorded = []
     unsaved: list[str] = []
     for f in stack:
