@@ -44,8 +44,9 @@ done
 wait "$train_pid" 2>/dev/null || echo ">>> exit status $? (killed)"
 
 say "3. Rerun the very same command: it resumes"
-"${DEMO[@]}" --activate --digest-out digest.txt 2>&1 | grep -E "resumed from|checkpoint step|epoch [0-9]+ step|sha256" \
-    | sed -n '1,4p;$p'
+"${DEMO[@]}" --activate --digest-out digest.txt 2>&1 \
+    | grep -E "resumed from|ravex: resume (verified|diverged|not verified)|checkpoint step|epoch [0-9]+ step|sha256" \
+    | awk 'NR <= 4 || /ravex: resume / {print; shown = NR; next} {last = $0; at = NR} END {if (at > shown) print last}'
 
 say "4. Compare the final parameters"
 ref="$(cat "$WORK/reference/digest.txt")"
