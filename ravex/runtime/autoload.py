@@ -1,7 +1,8 @@
 """The autoloader that ``ravex enable`` installs: a one-line ``.pth`` runs this file.
 
 It runs at every interpreter start, so it must cost nothing: it imports no torch and
-no ravex (it is executed by path, not imported as part of the package), and without a
+no ravex (it is executed by path, not imported as part of the package, while ``site`` may
+not have put ravex on ``sys.path`` yet), and without a
 ``ravex.yaml`` (in the working directory, or named by ``RAVEX_CONFIG``) it does nothing
 at all. With one, it puts a finder on ``sys.meta_path`` that waits for torch's module to
 execute; once torch has finished importing, it activates Ravex. Scripts that never import
@@ -20,8 +21,9 @@ running: :func:`_arm_exit_net` then counts optimizer steps and, at exit, says on
 the process trained without a checkpoint, why, and what to do. Nothing of that is installed
 where Ravex starts.
 
-Standard library only, and only modules the interpreter has already loaded at start
-(``atexit`` is imported by the net, once torch is being imported).
+Standard library only, and only modules the interpreter has already loaded at start. Once
+torch is being looked up, it imports the torch-free :mod:`ravex.runtime.finders` (how a finder
+asks the others, shared with the frameworks' hook) and, for the net, ``atexit``.
 """
 
 import _thread
@@ -134,14 +136,9 @@ class TorchImportHook:
             return None
         self._asking.add(me)
         try:
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if finder is self or find is None:
-                    continue
-                spec: ModuleSpec | None = find(fullname, path, target)
-                if spec is not None:
-                    return spec
-            return None
+            from ravex.runtime.finders import spec_from_others  # torch is being looked up: see the module doc
+
+            return spec_from_others(self, fullname, path, target)
         finally:
             self._asking.discard(me)
 

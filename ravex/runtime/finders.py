@@ -3,8 +3,8 @@ something once it has executed) asks the other finders for its spec and wraps th
 ``exec_module``.
 
 Standard library only, and nothing of the runtime: code that runs before torch is imported
-(the frameworks' import hook, a harness's ``sitecustomize``) uses it without importing torch.
-The autoloader keeps its own (it is executed by path, before any of ravex is importable).
+(the autoloader's finder, the frameworks' import hook, a harness's ``sitecustomize``) uses it
+without importing torch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 def spec_from_others(me: Any, fullname: str, path: Sequence[str] | None,
                      target: ModuleType | None) -> ModuleSpec | None:
     """The spec the first finder on ``sys.meta_path`` other than ``me`` gives for ``fullname``."""
-    for finder in sys.meta_path:
+    for finder in list(sys.meta_path):
         find = getattr(finder, "find_spec", None)
         if finder is me or find is None:
             continue
