@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .interop.export import export_safetensors, export_zarr
     from .interop.tensorstore_spec import open_tensorstore, tensorstore_spec
     from .interop.zarr_store import StepStore
+    from .maintenance.tiers import CopyReport, copy_step
     from .steps.catalog import StepInfo
     from .steps.reader import ArrayRef, StepReader
     from .steps.refs import write_refs
@@ -56,6 +57,8 @@ _LAZY: dict[str, str] = {
     "write_refs": "steps.refs",
     "CheckpointStore": "store",
     "StepInfo": "steps.catalog",
+    "CopyReport": "maintenance.tiers",
+    "copy_step": "maintenance.tiers",
     "open_store": "store",
     "open_tensorstore": "interop.tensorstore_spec",
     "tensorstore_spec": "interop.tensorstore_spec",
@@ -86,6 +89,7 @@ __all__ = [
     "ArrayShard",
     "CheckpointStore",
     "CommitStats",
+    "CopyReport",
     "CorruptObjectError",
     "FormatVersionError",
     "ManifestError",
@@ -98,6 +102,7 @@ __all__ = [
     "StoreNotFoundError",
     "UnsafeNameError",
     "UnsupportedValueError",
+    "copy_step",
     "export_safetensors",
     "export_zarr",
     "open_store",
