@@ -86,6 +86,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for key, value in config.describe().items():
         print(f"  {key:<26} {value!r:<32} [{config.source_of(key)}]")
     print(f"latest step: {_latest_step(config)}")
+    if config.local is not None:
+        print(f"latest step in local: {_latest_step(config, config.local)}")
     if config.config_file:
         record = runrecord.read(config)
         if record is None:
@@ -97,7 +99,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _latest_step(config: Any) -> str:
+def _latest_step(config: Any, local: str | None = None) -> str:
+    """The newest step of the store ``storage:`` names, or of the local tier ``local``."""
     try:
         if config.backend == "torch_save":
             import glob
@@ -108,10 +111,10 @@ def _latest_step(config: Any) -> str:
         from ravex.format import StoreNotFoundError, open_store
 
         try:
-            store = open_store(config.storage.url, create=False,
-                               storage_options=config.storage.storage_options())
+            store = open_store(local or config.storage.url, create=False,
+                               storage_options=None if local else config.storage.storage_options())
         except StoreNotFoundError:
-            return f"none (no store at {config.storage.url})"
+            return f"none (no store at {local or config.storage.url})"
         latest = store.latest_step()
         return "none" if latest is None else f"{latest} ({store.url})"
     except Exception as exc:

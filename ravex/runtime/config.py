@@ -93,6 +93,12 @@ class RavexConfig:
     max_overhead: float = 0.02
     keep_last: int | None = 3
     keep_every: int | None = None
+    #: the fast tier on this machine (a path): every checkpoint lands there, and every
+    #: ``persist_every``-th is also copied to ``storage`` in the background (ravex/saving/tiers.py)
+    local: str | None = None
+    persist_every: int = 1
+    #: retention in ``storage`` when ``local`` is set (``keep_last`` is the local tier's; null: keep all)
+    persist_keep_last: int | None = 3
     compression: str = "none"
     delta: bool = True
     #: arrays of many small chunks (sparse tables) as chunk tables (spec §5.1, format 1.2);
@@ -290,6 +296,16 @@ def _nonempty_str(value: Any) -> str:
     return value
 
 
+def _local_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    path = _nonempty_str(value)
+    if "://" in path and not path.startswith("file://"):
+        raise ValueError(f"expected a path on this machine (the fast tier), got the URL {value!r}; "
+                         f"a remote store is 'storage:'")
+    return path
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -427,6 +443,9 @@ _VALIDATORS = {
     "max_overhead": _overhead,
     "keep_last": _positive_int_or_none,
     "keep_every": _positive_int_or_none,
+    "local": _local_path,
+    "persist_every": _at_least_one,
+    "persist_keep_last": _positive_int_or_none,
     "compression": _compression,
     "delta": _bool,
     "chunk_tables": _bool,

@@ -208,6 +208,11 @@ class CheckpointBackend(ABC):
         """Raise :class:`~ravex.format.errors.LeaseLostError` once another run took over what
         :meth:`claim` took. Default: nothing to lose."""
 
+    def durable_tier(self) -> dict[str, Any] | None:
+        """With two tiers (``local:``, :mod:`ravex.saving.tiers`): the durable tier's URL, the
+        newest step copied there and the last copy's error. None with one tier."""
+        return None
+
     @property
     def timeline_name(self) -> str | None:
         """The timeline this run resumes from and writes to; None for a backend without timelines."""

@@ -80,6 +80,9 @@ class SavingSettings(Protocol):
     chunk_tables: bool
     keep_last: int | None
     keep_every: int | None
+    local: str | None
+    persist_every: int
+    persist_keep_last: int | None
     skip_unchanged: bool
     full_stage_every: int
     staging_max_bytes: int | None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from ravex.format import RavexError
+
 from .backend import CheckpointBackend
 from .plan import SavingSettings
 from .torch_save import TorchSaveBackend
@@ -19,6 +21,11 @@ def get_backend(config: SavingSettings, rank: int = 0, world_size: int = 1) -> C
     A format backend that cannot start must not stop a training run; if the storage is
     local, ``torch_save`` keeps the run protected.
     """
+    if config.local is not None:  # two tiers: one format in both, and no quiet fallback to one
+        if config.backend == "torch_save":
+            raise RavexError(f"local: {config.local!r} needs the default backend (the tiers are Ravex "
+                             f"stores): drop 'backend: torch_save' or 'local:'")
+        return ZarrBackend(config, rank, world_size)
     if config.backend == "torch_save":
         return TorchSaveBackend(config, rank, world_size)
     try:

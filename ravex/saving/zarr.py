@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from .logline import commit_text
 from .plan import SavingSettings
 from .ranks import place
 from .steps.settler import Settler
+from .tiers import Persister, describe, fetch
 from .witness_writer import WitnessWriter
 from .writer_thread import Job
 
@@ -101,12 +103,18 @@ class ZarrBackend(CheckpointBackend):
     records_runs: ClassVar[bool] = True
 
     def __init__(self, config: SavingSettings, rank: int = 0, world_size: int = 1) -> None:
-        self.store = open_store(
+        durable = open_store(
             config.storage.url, create=True, storage_options=config.storage.storage_options()
         )
         self.config = config
         self.rank = rank
         self.world_size = world_size
+        #: with ``local:``, the durable tier's background copy (ravex/saving/tiers.py)
+        self.persister: Persister | None = None
+        if config.local is None:
+            self.store = durable
+        else:
+            self.store = self._two_tiers(config.local, durable)
         #: the timeline this backend resumes from and writes to
         self.timeline = self.store.current()
         self._writer: Any = None
@@ -125,6 +133,26 @@ class ZarrBackend(CheckpointBackend):
         self._committed: list[int] = []  # the newest steps this rank committed (their witnesses may follow)
         super().__init__(self.store.url, as_numpy=True, config=config)
         self._witnesses = WitnessWriter(self._write_witness, self._saver.wait_idle, self._committed.__contains__)
+
+    def _two_tiers(self, local_path: str, durable: CheckpointStore) -> CheckpointStore:
+        """The local tier, holding the durable tier's newest step if it had none as new."""
+        if self.world_size > 1 and os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)) != str(self.world_size):
+            raise RavexError(
+                f"local: {local_path!r} holds only this machine's ranks, and these {self.world_size} ranks "
+                f"run on several machines: a step there is never complete. Drop 'local:' (every "
+                f"checkpoint goes to {durable.url!r}) or run on one machine")
+        local = open_store(local_path, create=True)
+        fetch(local, durable, self.rank)
+        self.persister = Persister(durable, self.config.persist_every, self.config.persist_keep_last, self.rank)
+        return local
+
+    def durable_tier(self) -> dict[str, Any] | None:
+        # docstring inherited
+        persister = self.persister
+        if persister is None:
+            return None
+        return {"url": persister.url, "persisted_step": persister.persisted_step,
+                "copying": persister.copying, "last_error": persister.last_error}
 
     def set_run(self, run_id: str | None) -> None:
         # docstring inherited
@@ -186,7 +214,11 @@ class ZarrBackend(CheckpointBackend):
         result: dict[str, Any] = {"stats": self._commit(job)}
         if self.world_size > 1 and self.rank == 0:
             self._settler.settle(self.timeline, job.step)
-        if (self.config.keep_last or self.config.keep_every) and self.rank == 0:
+        persister = self.persister
+        if persister is not None:
+            result["persisting"] = persister.committed(self.timeline, job.step)
+        if ((self.config.keep_last or self.config.keep_every) and self.rank == 0
+                and not (persister is not None and persister.copying)):  # a copy reads the local tier
             result["gc"] = self._retain(job.step)
         return result
 
@@ -262,7 +294,8 @@ class ZarrBackend(CheckpointBackend):
         return out
 
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
-        return commit_text(result["stats"], result.get("gc"))
+        tiers = "" if self.persister is None else describe(result.get("persisting", False))
+        return commit_text(result["stats"], result.get("gc")) + tiers
 
     # ── the resume witness (spec §22) ───────────────────────────────────
 
@@ -295,12 +328,19 @@ class ZarrBackend(CheckpointBackend):
         return self.timeline.locate(step)
 
     def flush(self) -> None:
+        """Wait for the write in flight, its witness, and a copy to the durable tier underway."""
         super().flush()
         self._witnesses.flush()
+        if self.persister is not None:  # the copy underway, then the witness of the step it copied
+            self.persister.flush()
+            self.persister.refresh_witness()
+            self.persister.flush()
 
     def close(self) -> None:
         super().close()
         self._witnesses.close()
+        if self.persister is not None:
+            self.persister.close()
         self._settler.close(self.timeline)
         self._drop_writer()
         self._release()

@@ -57,6 +57,8 @@ def test_unknown_storage_key_is_named_with_its_section(tmp_path):
         ("backend: moonclip\n", r"'backend'.*\['zarr', 'torch_save'\].*'moonclip'"),
         ("resume: sometimes\n", r"'resume'.*'auto', 'never' or a step"),
         ("checkpoint_on_signal: [SIGKILL]\n", r"not a signal that can be caught"),
+        ("local: s3://bucket/fast\n", r"'local'.*a path on this machine.*a remote store is 'storage:'"),
+        ("persist_every: 0\n", r"'persist_every'"),
         ("- a\n- b\n", r"expected a mapping"),
     ],
 )

@@ -58,6 +58,9 @@ def _install_lightning(package: str, runtime: Any, patches: Patches) -> None:
         keep_last=config.keep_last, resume=config.resume, on_exit=config.checkpoint_on_exit,
         compression=config.compression, storage_options=config.storage.storage_options(),
         former=former_lightning_store(config))
+    if config.local is not None:
+        logger.warning("ravex: `local:` is Ravex's own fast tier; a Lightning Trainer's checkpoints go to "
+                       "`storage:` (%s) only", config.storage.url)
     if config.checkpoint_every == "auto":
         logger.warning("ravex: `checkpoint_every: auto` sets Ravex's own cadence; a Lightning Trainer saves at the "
                        "end of fit and at exit only: set `checkpoint_every` to a number of global steps")

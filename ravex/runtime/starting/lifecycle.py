@@ -364,6 +364,7 @@ class RavexRuntime(Cadence):
             "resume": {"found": self.found_step(), "restored": self.restored_step()},
             "backend": backend.name if backend is not None else None,
             "storage": backend.url if backend is not None else self.config.storage.url,
+            "durable_tier": backend.durable_tier() if backend is not None else None,
             "last_checkpoint_step": self.last_checkpoint_step,
             "last_written_step": backend.last_written_step if backend is not None else None,
             "checkpoints_written": backend.written if backend is not None else 0,
