@@ -8,6 +8,7 @@
     python -m benchmarks format --quick         # smoke test: tiny state, well under a minute
     python -m benchmarks goodput                # (h) training time lost per checkpoint, busy loop
     python -m benchmarks cadence --cost 0.8     # (k) checkpoint_every: auto against fixed cadences, simulated
+    python -m benchmarks tiers                  # (l) S3 alone against local: + S3, busy loop, moto server
     python -m benchmarks report out.json --markdown   # re-print a saved run (--plot PNG: redraw)
 """
 
@@ -230,6 +231,22 @@ def _cadence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tiers(args: argparse.Namespace) -> int:
+    from . import tiers
+
+    res: dict[str, Any] = _header("tiers", args)
+    sizes = dict(width=256, layers=2, batch=16, every=4, iters=12, reps=1) if args.quick else {}
+    for key in ("width", "layers", "batch", "every", "iters", "reps"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
+    res.update(tiers.run(scratch=args.dir, log=lambda line: print(line, file=sys.stderr), **sizes))
+    out = args.out or os.path.join(HERE, "out", "tiers-quick.json" if args.quick else "tiers.json")
+    _write_json(res, out)
+    print(tiers.table(res))
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     with open(args.json) as f:
         res = json.load(f)
@@ -303,6 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--trials", type=int, default=200, help="jobs simulated per cadence; default 200")
     k.add_argument("--out", help="JSON path; default benchmarks/out/cadence.json")
     k.set_defaults(func=_cadence, dir=tempfile.gettempdir(), quick=False)
+    t = sub.add_parser("tiers", help="(l) S3 alone against local: + S3 (persist_every 1 and 10), a busy loop, "
+                                     "against a moto server started here")
+    t.add_argument("--quick", action="store_true", help="smoke test: a tiny model, one rep (seconds)")
+    for key, default in (("width", 2048), ("layers", 4), ("batch", 256), ("every", 10), ("iters", 100), ("reps", 3)):
+        t.add_argument(f"--{key}", type=int, help=f"default {default}")
+    t.add_argument("--dir", default=tempfile.gettempdir(),
+                   help="scratch folder (the local tiers) on the disk under test")
+    t.add_argument("--out", help="JSON path; default benchmarks/out/tiers[-quick].json")
+    t.set_defaults(func=_tiers)
     r = sub.add_parser("report", help="print the tables of a saved JSON run")
     r.add_argument("json")
     r.add_argument("--markdown", action="store_true")

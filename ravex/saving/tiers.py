@@ -122,8 +122,8 @@ class Persister:
                     self._copy_witness(timeline, step)
             except Exception as exc:  # the durable tier failing must never reach training
                 self.last_error = f"step {step}: {type(exc).__name__}: {exc}"
-                logger.error("ravex: copying %s of step %d to %s FAILED (it stays in the local tier; the "
-                             "next copy retries): %s: %s", "the witness" if kind == WITNESS else "the step",
+                logger.error("ravex: copying %sstep %d to %s FAILED (it stays in the local tier; the "
+                             "next copy retries): %s: %s", "the witness of " if kind == WITNESS else "",
                              step, self.url, type(exc).__name__, exc)
             with self._cv:
                 self._copying = False

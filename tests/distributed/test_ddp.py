@@ -165,3 +165,24 @@ def test_four_ranks_sigkill_resume_is_bitwise(tmp_path):
     assert writers == {0, 1, 2, 3}
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
 
+
+
+def test_two_tiers_on_one_machine_local_tier_lost_resumes_from_storage_bitwise(tmp_path, reference):
+    """``local:`` under torchrun on one machine: every rank copies its own manifests to
+    ``storage`` every 2nd checkpoint; with the local tier deleted, the rerun's ranks fetch the
+    newest durable step back into it and resume there, bitwise."""
+    import shutil
+
+    ref, ref_state = reference
+    cwd = h.workdir(tmp_path, every=4, local="./local", persist_every=2, keep_last=2)
+    first = h.run(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="10"), kill_when=h.all_ranks("BLOCKED", 2))
+    assert first.killed, first.explain()
+    assert open_store(cwd / "local").complete_steps()[-1] == 8, first.explain()
+    assert open_store(cwd / "ckpt").complete_steps() == [8], first.explain()  # the 2nd checkpoint
+
+    shutil.rmtree(cwd / "local")
+    out = tmp_path / "final.pt"
+    second = h.run(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out)))
+    _check_resumed(second, ref, ref_state, out, expect=8)
+    assert "ravex: step 8 came from the durable tier" in second.stderr, second.explain()
+    assert open_store(cwd / "ckpt").complete_steps()[-1] == STEPS, second.explain()  # copied at exit

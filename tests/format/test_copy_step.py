@@ -193,6 +193,25 @@ def test_every_rank_is_copied_and_a_partial_copy_is_no_step(tmp_path):
         copy_step(src, dst, 20, ranks=[2])
 
 
+def test_each_rank_copies_its_own_manifest_before_the_source_step_is_complete(tmp_path):
+    """As each rank of a job commits and copies its own: rank 1 copies before rank 0 has
+    written; the step is complete in ``dst`` when the second copy lands."""
+    src = open_store(tmp_path / "src", create=True)
+    dst = open_store(tmp_path / "dst", create=True)
+    with src.writer(rank=1, world_size=2, run="two") as w:
+        w.commit(10, {"rank1": _state(10, (1,))["model"], "step": 10})
+    with pytest.raises(StepNotFoundError, match="missing manifests of ranks"):
+        copy_step(src, dst, 10, ranks=[0])  # rank 0's own manifest is not there: nothing to copy
+    assert copy_step(src, dst, 10, ranks=[1]).manifests_copied == 1
+    assert dst.complete_steps() == []
+    with src.writer(rank=0, world_size=2, run="two") as w:
+        w.commit(10, {"rank0": _state(10, (0,))["model"], "step": 10})
+    assert copy_step(src, dst, 10, ranks=[0]).manifests_copied == 1
+    assert dst.complete_steps() == [10] and validate(dst).ok
+    for rank in (0, 1):
+        assert_same(dst.read(10, rank=rank), src.read(10, rank=rank))
+
+
 def test_gc_keeps_the_objects_of_a_copy_whose_manifest_has_not_landed(src, tmp_path, monkeypatch):
     dst = open_store(tmp_path / "dst", create=True)
     real = dst.storage.write

@@ -57,16 +57,18 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
     """Copy complete step ``step`` of ``src``'s timeline (a step up to its fork: the parent's)
     into ``dst``, onto the timeline of the same name, creating it and its ancestors there as
     ``src`` has them (same parent, fork step and run). ``ranks``: whose manifests to copy (all
-    by default); the step is complete in ``dst`` once every rank's has landed.
+    by default); ``src`` needs only theirs (each rank of a job copies its own as it commits, not
+    waiting for the others), and the step is complete in ``dst`` once every rank's has landed.
 
     Requests on an object store, per call: ``src``: one LIST of ``timelines/`` and a GET per
     timeline document, the step's folder listed and its manifests read (twice: the completeness
     check, then the bytes copied), a GET per object sent; ``dst``: one LIST of ``timelines/`` and
-    its documents, one LIST of the step's folder and a GET per manifest already there (it is
-    compared), one listing of ``objects/`` (a LIST per 1000 objects: cheaper than a HEAD per object
-    the step names unless ``dst`` holds over 1000 times as many objects as one step names), the
-    listing and manifests of its newest complete step when some needed object is older than
-    ``G/2``, then one PUT per object sent, per manifest and for ``refs.json``. A step ``dst``
+    its documents, a LIST of the step's folder before the copy (and one after it: is the step
+    complete now?), a GET per manifest already there (it is compared), one listing of
+    ``objects/`` (a LIST per 1000 objects: cheaper than a HEAD per object the step names unless
+    ``dst`` holds over 1000 times as many objects as one step names), the listing and manifests
+    of its newest complete step when some needed object is older than ``G/2``, then one PUT per
+    object sent, per manifest and for ``refs.json``. A step ``dst``
     holds already costs only the checks up to its manifests: no object is listed or sent.
 
     GC of ``dst`` stays safe (spec §14, §11.1): every object sent is a fresh PUT, so it is younger
@@ -79,22 +81,23 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
     no copy runs). Like a writer, a copy assumes no other run writes that timeline of ``dst``
     meanwhile (A1).
 
-    A step ``src`` lacks, or holds incomplete, is a :class:`StepNotFoundError`; a manifest
-    ``dst`` holds for that step from another run is a :class:`ManifestError` (nothing copied).
+    A step ``src`` lacks, or holds without a manifest of ``ranks``, is a
+    :class:`StepNotFoundError`; a manifest ``dst`` holds for that step from another run is a
+    :class:`ManifestError` (nothing copied).
     """
     started = time.perf_counter()
     src_timelines = read_timelines(src.storage)
     chain = lineage(src_timelines, src.timeline.name)
     owner = _view(src, next(t for t in chain if t.fork_step is None or step > t.fork_step))
     info = owner.step_info(step)
-    if not info.complete or info.world_size is None:
+    wanted = sorted(set(range(info.world_size or 0) if ranks is None else ranks))
+    if info.world_size is not None and not all(0 <= r < info.world_size for r in wanted):
+        raise ValueError(f"ranks {wanted} are not all ranks of step {_ref(owner, step)} (world_size {info.world_size})")
+    if info.world_size is None or info.unreadable or not (info.complete or set(wanted) <= set(info.ranks)):
         has = owner.complete_steps()
         raise StepNotFoundError(
             f"{src.url!r} has no complete step {_ref(owner, step)} to copy ({info.problem or 'incomplete'}); "
             f"complete steps of timeline {owner.timeline.name!r}: {has[-8:] if has else 'none'}")
-    wanted = sorted(set(range(info.world_size) if ranks is None else ranks))
-    if not all(0 <= r < info.world_size for r in wanted):
-        raise ValueError(f"ranks {wanted} are not all ranks of step {_ref(owner, step)} (world_size {info.world_size})")
     target = _view(dst, _ensure_timelines(dst, reversed(chain))[owner.timeline.name])
     report = CopyReport(step, owner.timeline.name)
     present = set(manifest_ranks(dst.storage.list_dir(target.step_dir(step))))
@@ -117,7 +120,8 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
         dst.storage.write(target.manifest_key(step, r), data)
         report.manifests_copied += 1
     dst.storage.sync()
-    if present | set(todo) >= set(range(info.world_size)):  # complete now: its refs.json too, if src has one
+    landed = set(manifest_ranks(dst.storage.list_dir(target.step_dir(step))))  # other ranks' copies too
+    if landed >= set(range(info.world_size)):  # complete now: its refs.json too, if src has one
         try:
             refs = src.storage.read(refs_key(step, owner.steps_prefix))
         except FileNotFoundError:
