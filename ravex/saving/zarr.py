@@ -351,6 +351,25 @@ class ZarrBackend(CheckpointBackend):
         """The steps of this backend's timeline's history (spec §19), oldest first."""
         return [step for _, step in self.timeline.lineage_steps()]
 
+    def latest_step(self) -> int | None:
+        """The newest complete step of this timeline's history, checked newest first
+        (:meth:`~ravex.format.CheckpointStore.resume_steps`): one step's manifests read, not
+        every kept step's."""
+        found = self.timeline.resume_steps(limit=1)
+        return found[0][1] if found else None
+
+    def resume_candidates(self, limit: int = 64) -> list[int]:
+        """Rank 0: the newest complete step of the history (its manifests read
+        :data:`~ravex.format.steps.catalog.MANIFEST_READ_THREADS` at a time and pinned: the
+        hand-over and the read that follow ask for none of them again), then up to ``limit - 1``
+        older steps whose folder lists every rank (checked only if a resume falls back to one:
+        :meth:`~ravex.format.CheckpointStore.resume_steps`). ``W`` GETs, not ``S x W``."""
+        found = self.timeline.resume_steps(limit=limit, pin=True)
+        if found:
+            view, step = found[0]
+            self._handed = (step, view)  # pinned: forgotten once this backend writes (_make_writer)
+        return [step for _, step in found]
+
     def lightning_step(self, step: int) -> bool:
         """From the metadata of the step's manifest of rank 0: none requested once the step was
         listed (its manifests are cached) or handed over by rank 0."""
