@@ -31,7 +31,7 @@ from .history.timelines import (
 )
 from .maintenance.gc import DEFAULT_GRACE_SECONDS, GCReport, gc
 from .objects.hashing import HASH_NAME
-from .objects.names import check_label, is_decimal
+from .objects.names import check_label, is_decimal, manifest_ranks
 from .steps.catalog import StepFiles, StepInfo, StoreCatalog
 from .steps.reader import StepReader
 from .storage import RetryPolicy, open_storage
@@ -97,6 +97,46 @@ class CheckpointStore(StoreCatalog):
             floor = view.timeline.fork_step if view.timeline.parent is not None else None
             found[:0] = [(view, s) for s in view.complete_steps()
                          if (ceiling is None or s <= ceiling) and (floor is None or s > floor)]
+        return found
+
+    def resume_steps(self, limit: int = 64, pin: bool = False) -> list[tuple[CheckpointStore, int]]:
+        """The steps a resume may go back to, newest first, at most ``limit``, found for the
+        cost of one step's manifests whatever the number of steps kept: the newest complete
+        step of this timeline's history (what :meth:`lineage_steps` ends with), then the older
+        steps whose folder lists every rank's manifest.
+
+        Steps are tried newest first, each timeline of the lineage in turn (a parent's up to
+        the fork). A folder whose ``rank-<r>.json`` names are not ``0 .. n-1`` misses a rank:
+        incomplete, known from its listing. The first one that has them all is checked as
+        :meth:`~.catalog.StoreCatalog.step_info` checks it (every manifest read,
+        :data:`~.catalog.MANIFEST_READ_THREADS` at a time; one world size, one run, ranks that
+        agree); an incomplete one moves the walk down. The older ones are named from their
+        listing only (no manifest read): their completeness is checked if a resume falls back
+        to one (reading it checks it, and an incomplete one is passed over as an unreadable
+        one is). ``pin``: the newest one's manifests are pinned in its timeline's view
+        (:meth:`~.catalog.StoreCatalog.pin_step`), so that reading and handing it over asks
+        for none of them again, however many ranks outgrow the cache."""
+        found: list[tuple[CheckpointStore, int]] = []
+        ceiling: int | None = None
+        for view, upto in self.lineage():
+            if upto is not None:
+                ceiling = upto if ceiling is None else min(ceiling, upto)
+            floor = view.timeline.fork_step if view.timeline.parent is not None else None
+            for step in reversed(view.step_numbers()):
+                if (ceiling is not None and step > ceiling) or (floor is not None and step <= floor):
+                    continue
+                ranks = manifest_ranks(view.storage.list_dir(view.step_dir(step)))
+                if not ranks or ranks != list(range(len(ranks))):
+                    continue  # a rank's manifest is missing: incomplete whatever the others say
+                if not found:
+                    info, manifests = view.check_step(step, ranks)
+                    if not info.complete:
+                        continue
+                    if pin:
+                        view.pin_step(step, manifests)
+                found.append((view, step))
+                if len(found) >= limit:
+                    return found
         return found
 
     def locate(self, step: int | str) -> tuple[CheckpointStore, int]:

@@ -250,6 +250,11 @@ class CheckpointBackend(ABC):
         tree = self.load_step(step)
         return None if tree is None else LoadedStep(tree)
 
+    def resume_candidates(self, limit: int = 64) -> list[int]:
+        """Rank 0 of several, ``resume: auto``: the steps the ranks agree among, newest first
+        (at most ``limit``), the newest one known complete. Default: :meth:`complete_steps`."""
+        return sorted(self.complete_steps(), reverse=True)[:limit]
+
     def lightning_step(self, step: int) -> bool:
         """Whether ``step`` is a Lightning Trainer's checkpoint (:data:`LIGHTNING_KEY`), not a
         tree of the runtime's own. Default: never (Lightning writes through the format only)."""

@@ -351,6 +351,25 @@ class ZarrBackend(CheckpointBackend):
         """The steps of this backend's timeline's history (spec §19), oldest first."""
         return [step for _, step in self.timeline.lineage_steps()]
 
+    def latest_step(self) -> int | None:
+        """The newest complete step of this timeline's history, checked newest first
+        (:meth:`~ravex.format.CheckpointStore.resume_steps`): one step's manifests read, not
+        every kept step's."""
+        found = self.timeline.resume_steps(limit=1)
+        return found[0][1] if found else None
+
+    def resume_candidates(self, limit: int = 64) -> list[int]:
+        """Rank 0: the newest complete step of the history (its manifests read
+        :data:`~ravex.format.steps.catalog.MANIFEST_READ_THREADS` at a time and pinned: the
+        hand-over and the read that follow ask for none of them again), then up to ``limit - 1``
+        older steps whose folder lists every rank (checked only if a resume falls back to one:
+        :meth:`~ravex.format.CheckpointStore.resume_steps`). ``W`` GETs, not ``S x W``."""
+        found = self.timeline.resume_steps(limit=limit, pin=True)
+        if found:
+            view, step = found[0]
+            self._handed = (step, view)  # pinned: forgotten once this backend writes (_make_writer)
+        return [step for _, step in found]
+
     def lightning_step(self, step: int) -> bool:
         """From the metadata of the step's manifest of rank 0: none requested once the step was
         listed (its manifests are cached) or handed over by rank 0."""
@@ -477,17 +496,35 @@ class ZarrBackend(CheckpointBackend):
     def newest_step_guess(self, rank: int) -> int | None:
         """The newest step whose folder lists every rank (:func:`~ravex.format.steps.handoff.newest_own_step`:
         two listings and this rank's manifest, whatever the world size). On a forked timeline,
-        its lineage's newest complete step (every manifest read, as before)."""
-        if self.timeline.timeline.parent is not None:
-            return self.latest_step()
-        return newest_own_step(self.timeline, rank)
+        the same over its lineage: its own steps first, then each parent's up to the fork (two
+        more listings per timeline walked down)."""
+        if self.timeline.timeline.parent is None:
+            return newest_own_step(self.timeline, rank)
+        ceiling: int | None = None
+        for view, upto in self.timeline.lineage():
+            if upto is not None:
+                ceiling = upto if ceiling is None else min(ceiling, upto)
+            floor = view.timeline.fork_step if view.timeline.parent is not None else None
+            step = newest_own_step(view, rank, upto=ceiling, above=floor)
+            if step is not None:
+                return step
+        return None
+
+    def _holder(self, step: int) -> CheckpointStore:
+        """The view of the timeline of this backend's lineage that holds ``step`` (the fork
+        steps say: no manifest read)."""
+        if self.timeline.timeline.parent is None:
+            return self.timeline
+        for owner, _ in self.timeline.lineage():
+            fork = owner.timeline.fork_step
+            if fork is None or step > fork:
+                return owner
+        return self.timeline
 
     def peek_step(self, step: int, rank: int, world_size: int) -> LoadedStep | None:
         """This rank's own sections of ``step`` from its manifest alone (one request): its loop
         position, before the ranks agree. Tensors other ranks wrote are None in the tree."""
-        if self.timeline.timeline.parent is not None:
-            return self.read_step(step, rank, world_size)
-        reader = RankReader(self.timeline, step, rank)
+        reader = RankReader(self._holder(step), step, rank)
         tree = dict(reader.tree(rank))
         per_rank = tree.pop(f"rank-{rank}", None)
         if per_rank is None:

@@ -103,3 +103,82 @@ def test_a_rank_beyond_the_steps_world_guesses_from_rank_0s_manifest(tmp_path):
         w.commit(30, {"rank-0": {"seen": 0}})
     assert newest_own_step(open_store(path), 3) == 20
     assert newest_own_step(open_store(path), 1) == 20
+
+
+def _rank0(path: str) -> tuple[Counter[str], list[int], bytes]:
+    """Rank 0 at a resume, counted: the steps it offers (newest first), then the payload of the
+    newest (its reader's manifests, as the backend packs them)."""
+    store = open_store(path)
+    counting = Counting(store.storage)
+    store.storage = counting  # type: ignore[assignment]
+    found = store.resume_steps(limit=64, pin=True)
+    view, step = found[0]
+    payload = pack_step(view, step)
+    view.open_step(step)
+    return counting.ops, [s for _, s in found], payload
+
+
+@pytest.mark.parametrize("kept", [2, 6])
+def test_rank_0_reads_one_steps_manifests_whatever_the_steps_kept(tmp_path, kept):
+    """Issue 33 item 4: rank 0 checks the newest step first (its W manifests, read once and
+    pinned for the hand-over and the read) and names the older ones from their listing: W GETs
+    at 16 ranks whether 2 or 6 steps are kept (it read every manifest of every step: S x W)."""
+    world = 16
+    path = str(tmp_path / "s")
+    _write(path, world, steps=kept)
+    ops, steps, payload = _rank0(path)
+    assert steps == [10 * s for s in range(kept, 0, -1)]
+    assert ops["GET"] == world, ops
+    # timelines/ and steps/, then each step's folder (16 names: one page), for the steps offered
+    assert ops["LIST"] == 2 + kept, ops
+    old = open_store(path)  # the check before: every rank's manifest of every kept step
+    old.storage = Counting(old.storage)  # type: ignore[assignment]
+    assert old.lineage_steps()[-1][1] == steps[0]
+    assert old.storage.ops["GET"] == kept * world  # type: ignore[attr-defined]
+    ops1, reader = _other_rank_at(path, payload, world - 1, 10 * kept)
+    assert ops1["GET"] == 2, ops1  # the other rank's count is what it was
+    assert np.all(read_rows(reader, "w", world, world - 1) == world - 1)
+
+
+def _other_rank_at(path: str, payload: bytes, rank: int, step: int) -> tuple[Counter[str], Any]:
+    store = open_store(path)
+    counting = Counting(store.storage)
+    store.storage = counting  # type: ignore[assignment]
+    assert newest_own_step(store, rank) == step
+    assert RankReader(store, step, rank).tree(rank)[f"rank-{rank}"] == {"seen": rank}
+    assert adopt_step(store, payload) == step
+    return counting.ops, store.open_step(step)
+
+
+def test_rank_0_walks_down_past_partial_and_mixed_steps_as_the_full_check_does(tmp_path):
+    path = str(tmp_path / "s")
+    _write(path, 3)
+    store = open_store(path)
+    with store.writer(rank=1, world_size=3, run="r") as w:  # a crashed run: rank 1 alone wrote 30
+        w.commit(30, {"rank-1": {"seen": 1}})
+    for rank in range(3):  # every name there, but rank 2's is another run's: not complete
+        with store.writer(rank=rank, world_size=3, run="x" if rank == 2 else "r") as w:
+            w.commit(40, {f"rank-{rank}": {"seen": rank}})
+    fresh = open_store(path)
+    counting = Counting(fresh.storage)
+    fresh.storage = counting  # type: ignore[assignment]
+    found = fresh.resume_steps()
+    assert [s for _, s in found] == [20, 10]  # 40 checked and passed over, 30 from its listing
+    assert found[0][1] == open_store(path).lineage_steps()[-1][1]
+    assert counting.ops["GET"] == 3 + 3, counting.ops  # 40's manifests, then 20's; none of 30's
+    assert [s for _, s in open_store(path).resume_steps(limit=1)] == [20]
+
+
+def test_rank_0_on_a_forked_timeline_offers_its_lineage(tmp_path):
+    path = str(tmp_path / "s")
+    _write(path, 2, steps=3)  # main: 10, 20, 30
+    store = open_store(path)
+    fork = store.fork(10, name="exp", run="f")
+    for rank in range(2):
+        with fork.writer(rank=rank, world_size=2, run="f") as w:
+            w.commit(15, {f"rank-{rank}": {"seen": rank}})
+    view = open_store(path).on_timeline("exp")
+    found = view.resume_steps()
+    assert [(v.timeline.name, s) for v, s in found] == [("exp", 15), ("main", 10)]
+    assert [(v.timeline.name, s) for v, s in view.lineage_steps()][::-1] == \
+        [(v.timeline.name, s) for v, s in found]

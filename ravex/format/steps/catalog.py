@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,12 @@ MANIFEST_CACHE_SIZE = 256
 #: remembers every manifest it commits: a 10,000-tensor manifest parses to ~30 MB, so a
 #: count alone would let a long run hold gigabytes.
 MANIFEST_CACHE_BYTES = 256 << 20
+#: Manifest GETs in flight at once when one step's manifests are read together (its
+#: completeness): at 10,000 ranks, sequential GETs of ~20 ms are ~3 minutes where 32 at a time
+#: take seconds, and the step's prefix (5,500 GET/s on S3) stays the bound, not the client.
+MANIFEST_READ_THREADS = 32
+#: Fewer manifests than this are read one after another (a thread pool costs more than it saves).
+PARALLEL_READS_FROM = 8
 
 
 @dataclass(frozen=True)
@@ -117,43 +124,67 @@ class StoreCatalog:
 
     def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
         """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
-        listing found there) and reads its manifests (cached once the step is complete)."""
+        listing found there) and reads its manifests (cached once the step is complete; read
+        :data:`MANIFEST_READ_THREADS` at a time)."""
+        return self.check_step(step, ranks)[0]
+
+    def check_step(self, step: int, ranks: tuple[int, ...] | list[int] | None = None
+                   ) -> tuple[StepInfo, list[Manifest]]:
+        """:meth:`step_info` and, for a complete step, every rank's manifest (rank 0 first):
+        what a resume hands over (:mod:`.handoff`) without asking for them again, however many
+        ranks outgrow the cache. ``[]`` for a step that is not complete."""
         pinned = self._pinned.get(step)
         if ranks is None and pinned is not None:
             ranks = list(pinned)
         ranks = sorted(ranks) if ranks is not None else manifest_ranks(self.storage.list_dir(self.step_dir(step)))
         if not ranks:
-            return StepInfo(step, None, (), False, "no manifest")
+            return StepInfo(step, None, (), False, "no manifest"), []
         try:
             first = self.manifest(step, ranks[0])
         except (RavexError, OSError) as exc:
-            return StepInfo(step, None, tuple(ranks), False, f"rank {ranks[0]}: {exc}", _unreadable(exc))
+            return StepInfo(step, None, tuple(ranks), False, f"rank {ranks[0]}: {exc}", _unreadable(exc)), []
         world = first.world_size
         missing = _missing_ranks(ranks, world)
         if missing:
-            return StepInfo(step, world, tuple(ranks), False, f"missing manifests of ranks {missing}")
+            return StepInfo(step, world, tuple(ranks), False, f"missing manifests of ranks {missing}"), []
         manifests = [first]
-        for r in ranks[1:]:
-            try:
-                other = self.manifest(step, r)
-            except (RavexError, OSError) as exc:
-                return StepInfo(step, world, tuple(ranks), False, f"rank {r}: {exc}", _unreadable(exc))
+        for r, other in zip(ranks[1:], self._read_manifests(step, ranks[1:]), strict=True):
+            if isinstance(other, BaseException):
+                return StepInfo(step, world, tuple(ranks), False, f"rank {r}: {other}", _unreadable(other)), []
             if other.world_size != world or other.run != first.run:
                 return StepInfo(
                     step, world, tuple(ranks), False,
                     f"rank {r} belongs to another run or world size (mixed writers)",
-                )
+                ), []
             manifests.append(other)
         if ranks[-1] >= world:
-            return StepInfo(step, world, tuple(ranks), False, f"rank {ranks[-1]} is beyond world_size {world}")
+            return StepInfo(step, world, tuple(ranks), False, f"rank {ranks[-1]} is beyond world_size {world}"), []
         if world > 1:
             try:  # ranks that stored different bytes under one tensor name: unreadable
                 merge_arrays(manifests)
             except ManifestError as exc:
-                return StepInfo(step, world, tuple(ranks), False, f"ranks disagree: {exc}")
+                return StepInfo(step, world, tuple(ranks), False, f"ranks disagree: {exc}"), []
         for m in manifests:  # a complete step is immutable: its manifests are read once
             self.cache_manifest(m)
-        return StepInfo(step, world, tuple(ranks), True)
+        return StepInfo(step, world, tuple(ranks), True), manifests
+
+    def _read_manifests(self, step: int, ranks: list[int]) -> list[Manifest | RavexError | OSError]:
+        """``ranks``' manifests of ``step`` in rank order, each parsed or the error reading it
+        raised; :data:`MANIFEST_READ_THREADS` GETs at a time for those neither pinned nor cached."""
+
+        def one(rank: int) -> Manifest | RavexError | OSError:
+            try:
+                return self.manifest(step, rank)
+            except (RavexError, OSError) as exc:
+                return exc
+
+        held = self._pinned.get(step, {})
+        unread = [r for r in ranks if r not in held and (step, r) not in self._manifests]
+        if len(unread) < PARALLEL_READS_FROM:
+            return [one(r) for r in ranks]
+        with ThreadPoolExecutor(max_workers=min(MANIFEST_READ_THREADS, len(unread)),
+                                thread_name_prefix="ravex-manifests") as pool:
+            return list(pool.map(one, ranks))
 
     def steps(self) -> list[StepInfo]:
         """Every step, complete or not, ascending."""

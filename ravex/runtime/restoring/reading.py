@@ -66,6 +66,8 @@ class StepReader:
         if resume == "auto" and self.follows():  # rank 0 lists; this rank guesses for its position
             newest = backend.newest_step_guess(self.rank)
             self.candidates = [] if newest is None else [newest]
+        elif resume == "auto" and self.world_size > 1:  # rank 0: the newest step checked, the others listed
+            self.candidates = backend.resume_candidates()
         elif resume == "auto":
             self.candidates = sorted(backend.complete_steps(), reverse=True)
         else:  # an older step of a timeline forks a new one for this run's steps (spec §19)

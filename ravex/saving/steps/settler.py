@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ravex.format.reports.summary import read_manifest_header
+from ravex.format.steps.catalog import MANIFEST_READ_THREADS, PARALLEL_READS_FROM
 from ravex.format.steps.refs import refs_worth_writing, write_refs
 
 from ..logline import failed_line, job_line
@@ -29,6 +31,13 @@ PENDING_STEPS = 8
 #: long enough for a write that ends with the job, short enough that a rank whose write failed
 #: delays the exit little.
 CLOSE_WAIT_S = 5.0
+#: Above this many ranks rank 0 writes no ``refs.json`` at each checkpoint: deciding whether it is
+#: worth writing and writing it reads every rank's manifest of the step again (``W`` to ``2W``
+#: GETs per checkpoint on its writer thread: ~20,000 at 10,000 ranks, minutes of sequential
+#: requests that delay the next checkpoint's commit). The step is readable without it (readers
+#: merge the manifests); ``ravex export STEP --format refs OUT`` writes one on demand. At or below
+#: it (64 ranks: 64 to 128 small GETs) rank 0 writes it as before.
+REFS_MAX_RANKS = 64
 
 
 class Settler:
@@ -41,6 +50,7 @@ class Settler:
         self.pending: list[int] = []
         #: the job's line for the newest complete step
         self.last_job_line: str | None = None
+        self._refs_skip_said = False  # above REFS_MAX_RANKS: said once, at the first complete step
 
     def settle(self, timeline: Any, step: int | None = None) -> None:
         """For each step it wrote that is now complete on ``timeline`` (``step``: one just
@@ -83,18 +93,31 @@ class Settler:
 
     def _complete(self, timeline: Any, step: int) -> None:
         try:
-            if refs_worth_writing(timeline, step):
+            if self.world_size > REFS_MAX_RANKS:
+                self._say_no_refs(timeline, step)
+            elif refs_worth_writing(timeline, step):
                 write_refs(timeline, step)
         except Exception as exc:  # the step is readable without it
             logger.warning("ravex: refs.json of step %d not written: %s", step, exc)
         try:
-            headers = [read_manifest_header(timeline, step, r) for r in range(self.world_size)]
+            headers = _headers(timeline, step, self.world_size)
         except Exception as exc:  # informative only
             logger.info("ravex: checkpoint step %d (%d ranks) complete -> %s (figures unread: %s)",
                         step, self.world_size, self.url, exc)
             return
         self.last_job_line = job_line(step, headers, self.url)
         logger.info("%s", self.last_job_line)
+
+    def _say_no_refs(self, timeline: Any, step: int) -> None:
+        if self._refs_skip_said:
+            return
+        name = getattr(getattr(timeline, "timeline", None), "name", "main")
+        ref = f"step_{step}" if name == "main" else f"{name}@{step}"
+        self._refs_skip_said = True
+        logger.info("ravex: %d ranks: no refs.json is written with each checkpoint above %d ranks (it would "
+                    "read every rank's manifest again, on rank 0, each time); the steps read as they are, and "
+                    "`ravex export %s --format refs refs.json` writes one on demand (a zarr/kerchunk "
+                    "reader's reference file)", self.world_size, REFS_MAX_RANKS, ref)
 
     def _failed(self, timeline: Any, step: int, why: str) -> None:
         self.pending.remove(step)
@@ -104,3 +127,13 @@ class Settler:
             ranks = set()
         missing = sorted(set(range(self.world_size)) - ranks)
         logger.warning("%s", failed_line(step, self.world_size, missing, self.url, why))
+
+
+def _headers(timeline: Any, step: int, world_size: int) -> list[dict[str, Any]]:
+    """Every rank's manifest header of ``step`` (one ranged GET each), rank 0 first, read
+    :data:`~ravex.format.steps.catalog.MANIFEST_READ_THREADS` at a time from 8 ranks on."""
+    if world_size < PARALLEL_READS_FROM:
+        return [read_manifest_header(timeline, step, r) for r in range(world_size)]
+    with ThreadPoolExecutor(max_workers=min(MANIFEST_READ_THREADS, world_size),
+                            thread_name_prefix="ravex-headers") as pool:
+        return list(pool.map(lambda r: read_manifest_header(timeline, step, r), range(world_size)))

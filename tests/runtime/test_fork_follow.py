@@ -1,0 +1,89 @@
+"""A rank other than 0 resuming a forked timeline (``resume: auto``) guesses its step and reads its
+loop position from listings and its own manifest, as on ``main``: no other rank's manifest
+(issue 33 item 4; SCALE.md "Not done" 5). Rank 0 hands the step's manifests over as on main."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import numpy as np
+
+import ravex.format.store as store_module
+from ravex.format import open_store
+from ravex.format.storage import LocalStorage
+from ravex.saving.zarr import ZarrBackend
+
+WORLD = 6
+
+
+class Counting(LocalStorage):
+    counts: ClassVar[Counter[str]] = Counter()
+
+    def read(self, key: str) -> bytes:
+        self.counts["GET manifest" if "/rank-" in key else "GET other"] += 1
+        return super().read(key)
+
+
+def _settings(url: str) -> Any:
+    return SimpleNamespace(storage=SimpleNamespace(url=url, storage_options=dict), backend="zarr",
+                           compression="none", delta=False, chunk_tables=False, keep_last=None,
+                           keep_every=None, skip_unchanged=False, full_stage_every=1, local=None)
+
+
+def _commit(store: Any, step: int, ranks: range) -> None:
+    for rank in ranks:
+        with store.writer(rank=rank, world_size=WORLD, run=f"run{step}", threads=1) as w:
+            w.commit(step, {"w": np.ones(3, dtype=np.float32), f"rank-{rank}": {"seen": rank, "step": step}})
+
+
+def _backend(path: str, rank: int, monkeypatch: Any) -> ZarrBackend:
+    monkeypatch.setattr(store_module, "open_storage", lambda url, *a, **k: Counting(url))
+    return ZarrBackend(_settings(path), rank, WORLD)  # type: ignore[arg-type]
+
+
+def test_a_follower_on_a_fork_reads_only_its_own_manifest(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step in (10, 20, 30):
+        _commit(store, step, range(WORLD))
+    fork = store.fork(20, name="exp", run="f")
+    _commit(fork, 25, range(WORLD))
+    _commit(fork, 27, range(2))  # a crashed run's partial step on the fork
+
+    zero = _backend(path, 0, monkeypatch)
+    follower = _backend(path, WORLD - 1, monkeypatch)
+    try:
+        assert zero.timeline_name == follower.timeline_name == "exp"
+        assert zero.resume_candidates() == [25, 20, 10]  # the fork's own, then main's up to the fork
+        payload = zero.hand_over(25)
+        Counting.counts.clear()
+        assert follower.newest_step_guess(WORLD - 1) == 25
+        peeked = follower.peek_step(25, WORLD - 1, WORLD)
+        assert peeked is not None and peeked.tree["step"] == 25
+        follower.take_over(payload)
+        loaded = follower.read_step(25, WORLD - 1, WORLD)
+        assert loaded is not None and loaded.tree["seen"] == WORLD - 1
+        # rank 0's of the partial step 27 (its world size: the folder lists ranks 0 and 1), then its
+        # own of 25 twice (guess, position); none of the other ranks' (W - 1 of them before)
+        assert Counting.counts["GET manifest"] == 3, Counting.counts
+    finally:
+        zero.close()
+        follower.close()
+
+
+def test_a_follower_on_a_fork_without_steps_goes_to_the_fork_step(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step in (10, 20, 30):
+        _commit(store, step, range(WORLD))
+    store.fork(20, name="exp", run="f")
+    follower = _backend(path, 3, monkeypatch)
+    try:
+        assert follower.timeline_name == "exp"
+        assert follower.newest_step_guess(3) == 20  # main's 30 is after the fork: not this history
+        peeked = follower.peek_step(20, 3, WORLD)
+        assert peeked is not None and peeked.tree["seen"] == 3
+    finally:
+        follower.close()
