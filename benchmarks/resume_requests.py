@@ -7,14 +7,22 @@ section, as :mod:`benchmarks.ranks` writes them), then each simulated rank opens
 ``ZarrBackend`` over a request-counting storage and makes the backend calls the runtime
 (``ravex/runtime/restoring/reading.py``) makes at a resume, in its order:
 
-* ``before`` (the path before the hand-over; still what ``resume: <step>`` and forked
-  timelines take): every rank ``complete_steps()`` (lists ``steps/``, reads every rank's
-  manifest of every step), ``read_step`` of the newest (every manifest again where the cache
-  of 256 dropped them); rank 0 also drops partial steps (``discard_incomplete_above``).
-* ``after`` (``resume: auto``, several ranks): rank 0 as before plus ``hand_over`` (packs what
-  it read, no request); every other rank ``newest_step_guess`` + ``peek_step`` (its own
-  manifest, for its loop position), then ``take_over`` of rank 0's payload (what the runtime
-  broadcasts) and ``read_step``.
+* ``before`` (the path before the hand-over): every rank ``complete_steps()`` (lists
+  ``steps/``, reads every rank's manifest of every step), ``read_step`` of the newest (every
+  manifest again where the cache of 256 dropped them); rank 0 also drops partial steps
+  (``discard_incomplete_above``).
+* ``after`` (``resume: auto``, several ranks): rank 0 ``resume_candidates`` (the newest step
+  checked first, its manifests read in parallel and pinned; older ones named from listings),
+  drops partial steps, ``hand_over`` (packs what it read, no request); every other rank
+  ``newest_step_guess`` + ``peek_step`` (its own manifest, for its loop position), then
+  ``take_over`` of rank 0's payload (what the runtime broadcasts) and ``read_step``.
+* ``step`` (``resume: 200``, the newest step but one, which forks a timeline): rank 0
+  ``resume_point`` checks the step and finds the newest; every other rank
+  ``resume_point(follow=True)`` (the timelines listed, nothing read), then as ``after``. The
+  fork itself (rank 0 writes one timeline document, each rank lists ``timelines/`` once more
+  after the agreement) is not run.
+* ``fork`` (``resume: auto`` on a forked timeline): ``main`` forked at step 200, one step
+  written there, then as ``after``.
 
 The collectives (``agree_on_steps``, ``broadcast_bytes``) cost no storage request and are not
 run here. Chunk objects a rank reads for its own shard are the same before and after and are
@@ -50,6 +58,8 @@ from ravex.saving.zarr import ZarrBackend
 from .ranks import _state
 
 RUN = "bench-resume"
+MODES = ("before", "after", "step", "fork")
+NAMED = 200  # mode ``step``: ``resume: 200``, the newest step but one of the 3 written
 
 
 class CountingStorage:
@@ -126,12 +136,26 @@ def _settings(url: str) -> Any:
 
 def _write(path: str, world: int, steps: int) -> None:
     store = open_store(path, create=True)
-    replicated = [np.ones((64, 16), dtype=np.float32) * i for i in range(4)]
     for rank in range(world):
-        tree = _state(rank, world, 4, 16, 2, replicated)
         with store.writer(rank=rank, world_size=world, run=RUN, threads=1) as w:
             for s in range(steps):
-                w.commit(100 * (s + 1), tree)
+                w.commit(100 * (s + 1), _tree(rank, world))
+
+
+def _tree(rank: int, world: int) -> dict[str, Any]:
+    replicated = [np.ones((64, 16), dtype=np.float32) * i for i in range(4)]
+    return _state(rank, world, 4, 16, 2, replicated)
+
+
+def _fork(path: str, world: int) -> None:
+    """Fork the store's ``main`` at its newest step but one (as ``resume: <step>`` does) and
+    commit one step there: a plain rerun then continues the fork (mode ``fork``)."""
+    store = open_store(path)
+    at = store.complete_steps()[-2]
+    fork = store.fork(at, run=RUN + "-fork")
+    for rank in range(world):
+        with fork.writer(rank=rank, world_size=world, run=RUN + "-fork", threads=1) as w:
+            w.commit(at + 50, _tree(rank, world))
 
 
 def _rank(path: str, rank: int, world: int, mode: str, payload: bytes | None,
@@ -140,22 +164,26 @@ def _rank(path: str, rank: int, world: int, mode: str, payload: bytes | None,
     counts.clear()
     backend = ZarrBackend(_settings(path), rank, world)
     try:
-        if mode == "after" and rank != 0:
+        if mode == "before":
+            step = sorted(backend.complete_steps(), reverse=True)[0]
+        elif mode == "step":  # resume: <the newest step but one>: rank 0 checks it, the others follow
+            step = backend.resume_point(NAMED, follow=rank != 0)
+        elif rank == 0:  # after, fork: the newest step checked first
+            step = backend.resume_candidates()[0]
+        else:
             guess = backend.newest_step_guess(rank)
             assert guess is not None
-            backend.peek_step(guess, rank, world)
+            step = guess
+        if mode != "before" and rank != 0:
+            backend.peek_step(step, rank, world)
             assert payload is not None
             backend.take_over(payload)
-            step = guess
-        else:
-            step = sorted(backend.complete_steps(), reverse=True)[0]
-            payload = None
         loaded = backend.read_step(step, rank, world)
         assert loaded is not None and loaded.reader is not None
         if rank == 0:
-            backend.discard_incomplete_above(backend.latest_step())
-            if mode == "after":
-                payload = backend.hand_over(step)
+            if mode != "step":  # resuming an older step drops nothing: the run writes a fork
+                backend.discard_incomplete_above(backend.latest_step())
+            payload = backend.hand_over(step) if mode != "before" else None
         return dict(counts), payload, step
     finally:
         backend.close()
@@ -197,10 +225,9 @@ def checkpoint(path: str, world: int) -> dict[str, Any]:
     store_module.open_storage = lambda url, *a, **k: CountingStorage(LocalStorage(url), counts)  # type: ignore[assignment]
     try:
         store = open_store(path)
-        replicated = [np.ones((64, 16), dtype=np.float32) * i for i in range(4)]
         counts.clear()
         with store.writer(rank=1, world_size=world, run=RUN, threads=1, delta=False) as w:
-            w.commit(10**6, _state(1, world, 4, 16, 2, replicated))
+            w.commit(10**6, _tree(1, world))
         return {"ranks": world, "rank1_commit": dict(counts)}
     finally:
         store_module.open_storage = real  # type: ignore[assignment]
@@ -223,7 +250,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 1024])
     ap.add_argument("--steps", type=int, default=3, help="complete steps in the store")
-    ap.add_argument("--modes", nargs="+", default=["before", "after"])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--sample", type=int, default=3, help="ranks other than 0 run (first, middle, last)")
     ap.add_argument("--checkpoint", action="store_true", help="also count one rank's commit of a step")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -236,7 +263,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             _write(path, world, args.steps)
             print(f"W={world}: store written in {time.perf_counter() - t0:.1f} s", flush=True)
-            for mode in args.modes:
+            for mode in sorted(set(args.modes), key=MODES.index):
+                if mode == "fork":  # last: the fork changes the store the other modes read
+                    _fork(path, world)
                 results.append(measure(path, world, mode, args.sample))
                 print(json.dumps(results[-1]), flush=True)
             if args.checkpoint:

@@ -24,6 +24,7 @@ from .history.timelines import (
     Timeline,
     create_timeline,
     fork_name,
+    in_span,
     lineage,
     read_timelines,
     split_ref,
@@ -86,17 +87,25 @@ class CheckpointStore(StoreCatalog):
             out.append((self.on_timeline(parent.name, timelines), child.fork_step))
         return out
 
+    def lineage_spans(self) -> list[tuple[CheckpointStore, int | None, int | None]]:
+        """:meth:`lineage` with the share of each timeline in this one's history, newest
+        timeline first: ``(view, floor, ceiling)``, its steps ``floor < step <= ceiling`` (None:
+        no bound). A forked timeline's steps start above its fork; a parent's end at the lowest
+        fork step of the timelines below it."""
+        spans: list[tuple[CheckpointStore, int | None, int | None]] = []
+        ceiling: int | None = None
+        for view, upto in self.lineage():
+            if upto is not None:
+                ceiling = upto if ceiling is None else min(ceiling, upto)
+            spans.append((view, view.timeline.fork_step if view.timeline.parent is not None else None, ceiling))
+        return spans
+
     def lineage_steps(self) -> list[tuple[CheckpointStore, int]]:
         """The complete steps of this timeline's history, oldest first: the parent's up to the
         fork step (and its parent's before that), then this timeline's own."""
         found: list[tuple[CheckpointStore, int]] = []
-        ceiling: int | None = None  # the steps a timeline further down the chain took over
-        for view, upto in self.lineage():
-            if upto is not None:
-                ceiling = upto if ceiling is None else min(ceiling, upto)
-            floor = view.timeline.fork_step if view.timeline.parent is not None else None
-            found[:0] = [(view, s) for s in view.complete_steps()
-                         if (ceiling is None or s <= ceiling) and (floor is None or s > floor)]
+        for view, floor, ceiling in self.lineage_spans():
+            found[:0] = [(view, s) for s in view.complete_steps() if in_span(s, floor, ceiling)]
         return found
 
     def resume_steps(self, limit: int = 64, pin: bool = False) -> list[tuple[CheckpointStore, int]]:
@@ -117,13 +126,9 @@ class CheckpointStore(StoreCatalog):
         (:meth:`~.catalog.StoreCatalog.pin_step`), so that reading and handing it over asks
         for none of them again, however many ranks outgrow the cache."""
         found: list[tuple[CheckpointStore, int]] = []
-        ceiling: int | None = None
-        for view, upto in self.lineage():
-            if upto is not None:
-                ceiling = upto if ceiling is None else min(ceiling, upto)
-            floor = view.timeline.fork_step if view.timeline.parent is not None else None
+        for view, floor, ceiling in self.lineage_spans():
             for step in reversed(view.step_numbers()):
-                if (ceiling is not None and step > ceiling) or (floor is not None and step <= floor):
+                if not in_span(step, floor, ceiling):
                     continue
                 ranks = manifest_ranks(view.storage.list_dir(view.step_dir(step)))
                 if not ranks or ranks != list(range(len(ranks))):
@@ -139,12 +144,14 @@ class CheckpointStore(StoreCatalog):
                     return found
         return found
 
-    def locate(self, step: int | str) -> tuple[CheckpointStore, int]:
+    def locate(self, step: int | str, check: bool = True) -> tuple[CheckpointStore, int]:
         """Which timeline holds ``step`` (``60``, ``step_60``, ``latest``, ``exp@60``) and its
-        number: a step up to a timeline's fork belongs to its parent."""
+        number: a step up to a timeline's fork belongs to its parent. The step is checked
+        complete (its manifests read); ``check=False`` reads none for a number (the fork steps
+        say which timeline holds it; whether it is there is the caller's to learn)."""
         name, text = split_ref(step) if isinstance(step, str) else (None, step)
         view = self if name is None else self.on_timeline(name)
-        if view.timeline.parent is None:  # main: its own steps, as spec 1.0 reads them
+        if view.timeline.parent is None and (check or text == "latest"):  # main: as spec 1.0 reads them
             return view, view.resolve_step(text)
         if text == "latest":
             steps = view.lineage_steps()
@@ -152,10 +159,9 @@ class CheckpointStore(StoreCatalog):
                 raise StepNotFoundError(f"timeline {view.timeline.name!r} of {self.url!r} has no complete step yet")
             return steps[-1]
         number = _step_number(text)
-        for owner, _ in view.lineage():
-            fork = owner.timeline.fork_step
-            if fork is None or number > fork:
-                return owner, owner.resolve_step(number)
+        for owner, floor, _ in view.lineage_spans():
+            if floor is None or number > floor:
+                return owner, owner.resolve_step(number) if check else number
         raise StepNotFoundError(f"step {number} is not in timeline {view.timeline.name!r} of {self.url!r}")
 
     def fork(self, step: int, name: str | None = None, run: str | None = None) -> CheckpointStore:

@@ -282,10 +282,12 @@ class CheckpointBackend(ABC):
         steps = self.complete_steps()
         return steps[-1] if steps else None
 
-    def resume_point(self, resume: int | str) -> int:
+    def resume_point(self, resume: int | str, follow: bool = False) -> int:
         """The step a run told ``resume: <step>`` reads, once, before :meth:`complete_steps` is
         asked again; a backend with timelines may switch to (or fork) the timeline it writes
-        (:meth:`ravex.saving.zarr.ZarrBackend.resume_point`). Here: a complete step number."""
+        (:meth:`ravex.saving.zarr.ZarrBackend.resume_point`). ``follow``: a rank other than 0
+        of several, which may leave the check to rank 0. Here: a complete step number, checked
+        on every rank."""
         from ravex.format.errors import StepNotFoundError
 
         steps = self.complete_steps()

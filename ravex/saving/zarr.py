@@ -376,16 +376,23 @@ class ZarrBackend(CheckpointBackend):
         owner, number = self._owner_of(step)
         return LIGHTNING_KEY in owner.manifest(number, 0).metadata
 
-    def resume_point(self, resume: int | str) -> int:
+    def resume_point(self, resume: int | str, follow: bool = False) -> int:
         """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;
         any older step forks a new one (``<timeline>-<step>``) for the steps this run writes, so
-        they never collide with the steps after it."""
+        they never collide with the steps after it. The step is checked complete (its manifests
+        read) and the newest step of the history found (:meth:`~ravex.format.CheckpointStore.resume_steps`).
+        ``follow``: a rank other than 0 of several reads nothing: rank 0 checks the step, hands
+        its manifests over and tells the others whether it forked (:meth:`fork_agreed`)."""
         name, text = split_ref(str(resume))
         view = self.timeline if name is None else self.store.on_timeline(name)
-        owner, step = view.locate(text)
-        history = view.lineage_steps()
-        newest = (history[-1][0].timeline.name, history[-1][1]) if history else None
         self.timeline = view
+        owner, step = view.locate(text, check=not follow)
+        if follow:
+            self._fork_from = (owner, step)  # if rank 0 forks
+            self._drop_writer()
+            return step
+        history = view.resume_steps(limit=1)
+        newest = (history[0][0].timeline.name, history[0][1]) if history else None
         if newest != (owner.timeline.name, step):
             if self.world_size > 1:  # forked once the ranks agree on the run (fork_agreed)
                 self._fork_from = (owner, step)
@@ -428,7 +435,9 @@ class ZarrBackend(CheckpointBackend):
         when it holds on all) tells the others it exists, and each finds it by the run id. A
         failed fork fails every rank, before any writes."""
         pending, self._fork_from = self._fork_from, None
-        if pending is None:
+        # rank 0 decided whether to fork; a rank that took a named step unchecked learns it here
+        if not agree(rank != 0 or pending is not None) or pending is None:
+            self._drop_writer()
             return
         owner, step = pending
         failed: Exception | None = None
@@ -500,31 +509,16 @@ class ZarrBackend(CheckpointBackend):
         more listings per timeline walked down)."""
         if self.timeline.timeline.parent is None:
             return newest_own_step(self.timeline, rank)
-        ceiling: int | None = None
-        for view, upto in self.timeline.lineage():
-            if upto is not None:
-                ceiling = upto if ceiling is None else min(ceiling, upto)
-            floor = view.timeline.fork_step if view.timeline.parent is not None else None
-            step = newest_own_step(view, rank, upto=ceiling, above=floor)
+        for view, floor, ceiling in self.timeline.lineage_spans():
+            step = newest_own_step(view, rank, floor, ceiling)
             if step is not None:
                 return step
         return None
 
-    def _holder(self, step: int) -> CheckpointStore:
-        """The view of the timeline of this backend's lineage that holds ``step`` (the fork
-        steps say: no manifest read)."""
-        if self.timeline.timeline.parent is None:
-            return self.timeline
-        for owner, _ in self.timeline.lineage():
-            fork = owner.timeline.fork_step
-            if fork is None or step > fork:
-                return owner
-        return self.timeline
-
     def peek_step(self, step: int, rank: int, world_size: int) -> LoadedStep | None:
         """This rank's own sections of ``step`` from its manifest alone (one request): its loop
         position, before the ranks agree. Tensors other ranks wrote are None in the tree."""
-        reader = RankReader(self._holder(step), step, rank)
+        reader = RankReader(self.timeline.locate(step, check=False)[0], step, rank)
         tree = dict(reader.tree(rank))
         per_rank = tree.pop(f"rank-{rank}", None)
         if per_rank is None:

@@ -87,3 +87,59 @@ def test_a_follower_on_a_fork_without_steps_goes_to_the_fork_step(tmp_path, monk
         assert peeked is not None and peeked.tree["seen"] == 3
     finally:
         follower.close()
+
+
+def _agree_with(zero_says: bool):
+    """``all_ok`` over two ranks, rank 0's vote fixed: what a follower's collective returns."""
+    return lambda ok: ok and zero_says
+
+
+def test_a_follower_told_a_step_reads_only_its_own_manifest_and_follows_rank_0s_fork(tmp_path, monkeypatch):
+    """``resume: 20`` (older than the newest, 30: rank 0 forks): a rank other than 0 checks
+    nothing itself; it reads its own manifest for its position, takes rank 0's manifests, and
+    learns from rank 0's vote that the fork exists, which it then finds by the run id."""
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step in (10, 20, 30):
+        _commit(store, step, range(WORLD))
+
+    zero = _backend(path, 0, monkeypatch)
+    follower = _backend(path, WORLD - 1, monkeypatch)
+    try:
+        assert zero.resume_point(20) == 20 and zero.fork_pending
+        payload = zero.hand_over(20)
+        Counting.counts.clear()
+        assert follower.resume_point(20, follow=True) == 20
+        assert Counting.counts["GET manifest"] == 0, Counting.counts
+        peeked = follower.peek_step(20, WORLD - 1, WORLD)
+        assert peeked is not None and peeked.tree["seen"] == WORLD - 1
+        follower.take_over(payload)
+        for backend in (zero, follower):
+            backend.set_run("rerun")
+        zero.fork_agreed(0, lambda ok: ok)
+        follower.fork_agreed(WORLD - 1, _agree_with(True))
+        assert zero.timeline_name == follower.timeline_name == "main-20"
+        loaded = follower.read_step(20, WORLD - 1, WORLD)
+        assert loaded is not None and loaded.tree["seen"] == WORLD - 1
+        assert Counting.counts["GET manifest"] == 1, Counting.counts  # its own, for its position
+    finally:
+        zero.close()
+        follower.close()
+
+
+def test_a_follower_told_the_newest_step_stays_on_its_timeline(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step in (10, 20):
+        _commit(store, step, range(WORLD))
+    zero = _backend(path, 0, monkeypatch)
+    follower = _backend(path, 2, monkeypatch)
+    try:
+        assert zero.resume_point(20) == 20 and not zero.fork_pending
+        assert follower.resume_point(20, follow=True) == 20 and follower.fork_pending  # not known yet
+        follower.fork_agreed(2, _agree_with(False))  # rank 0 voted: no fork
+        assert not follower.fork_pending and follower.timeline_name == "main"
+        assert store.timelines().keys() == {"main"}
+    finally:
+        zero.close()
+        follower.close()

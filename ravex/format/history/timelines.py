@@ -171,3 +171,9 @@ def newest_event(mtimes: list[float], created: float | None) -> float:
 def is_step_text(text: str) -> bool:
     """Whether ``text`` names a step number (``60``, ``step_60``) or ``latest``."""
     return text == "latest" or is_decimal(text.removeprefix("step_"))
+
+
+def in_span(step: int, floor: int | None, ceiling: int | None) -> bool:
+    """Whether ``step`` lies in a timeline's share of a history, ``floor < step <= ceiling``
+    (None: no bound; ``CheckpointStore.lineage_spans`` gives each timeline's)."""
+    return (floor is None or step > floor) and (ceiling is None or step <= ceiling)

@@ -20,6 +20,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ManifestError, StepNotFoundError
+from ..history.timelines import in_span
 from ..objects.names import is_decimal, manifest_ranks
 from .manifest import Manifest
 
@@ -91,17 +92,17 @@ def _head(payload: bytes) -> tuple[dict[str, Any], bytes]:
     return head, payload[end + 1:]
 
 
-def newest_own_step(catalog: StoreCatalog, rank: int, upto: int | None = None,
-                    above: int | None = None) -> int | None:
+def newest_own_step(catalog: StoreCatalog, rank: int, floor: int | None = None,
+                    ceiling: int | None = None) -> int | None:
     """A rank other than 0, before the ranks can talk: the newest step whose folder lists every
     rank's manifest, this rank's among them, found without reading any other rank's: one
     listing of ``steps/`` (names only) and one of that step's folder (one request per 1000
     names). A guess rank 0 confirms or overrules when the ranks agree (it reads the manifests);
     it only names which step's recorded loop position this rank goes back to. A rank beyond the
     step's world size (the job now runs on more ranks) reads rank 0's manifest instead.
-    ``upto``/``above``: only steps ``above < step <= upto`` (a timeline's share of a lineage)."""
+    ``floor``/``ceiling``: only steps ``floor < step <= ceiling`` (a timeline's share of a lineage)."""
     steps = sorted((int(n) for n in catalog.storage.list_dir(catalog.steps_prefix) if is_decimal(n)
-                    and (upto is None or int(n) <= upto) and (above is None or int(n) > above)),
+                    and in_span(int(n), floor, ceiling)),
                    reverse=True)
     for step in steps[:4]:  # a crashed run leaves at most a partial step or two above the newest
         ranks = manifest_ranks(catalog.storage.list_dir(catalog.step_dir(step)))

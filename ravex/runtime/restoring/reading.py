@@ -71,7 +71,7 @@ class StepReader:
         elif resume == "auto":
             self.candidates = sorted(backend.complete_steps(), reverse=True)
         else:  # an older step of a timeline forks a new one for this run's steps (spec §19)
-            self.candidates = [backend.resume_point(resume)]
+            self.candidates = [backend.resume_point(resume, follow=self.follows())]
         return True
 
     def lightning_first(self, backend: CheckpointBackend) -> bool:
@@ -123,10 +123,11 @@ class StepReader:
                         backend.url, held, timeline, "" if name is None else f" {name!r}", timeline, steps[-1])
 
     def follows(self) -> bool:
-        """Several ranks, ``resume: auto``, not rank 0: this rank lets rank 0 decide which steps
-        are complete and hand it the chosen step's manifests, and reads only what it alone
-        wrote before that, so its requests do not grow with the world size (docs/SCALE.md)."""
-        return self.world_size > 1 and self.rank != 0 and self.config.resume == "auto"
+        """Several ranks, ``resume: auto`` or a step, not rank 0: this rank lets rank 0 decide
+        which steps are complete (and whether a step named forks a timeline) and hand it the
+        chosen step's manifests, and reads only what it alone wrote before that, so its requests
+        do not grow with the world size (docs/SCALE.md)."""
+        return self.world_size > 1 and self.rank != 0 and self.config.resume != "never"
 
     def claim_timeline(self, backend: CheckpointBackend) -> None:
         """At activation, once the timeline this run writes is known: take it for this run
@@ -271,7 +272,7 @@ class StepReader:
         agreed, run_id = collectives.agree_on_steps(candidates, self.rank, self.world_size,
                                                     follow=self.config.resume == "auto")
         backend.set_run(run_id)
-        if backend.fork_pending:
+        if backend.fork_pending or self.config.resume not in ("auto", "never"):  # the same on every rank
             backend.fork_agreed(self.rank, collectives.all_ok)
         self.run_agreed = True
         return agreed
