@@ -185,7 +185,10 @@ class CheckpointStore(StoreCatalog):
         """The timeline a plain rerun continues: the one whose newest event, its newest
         complete step or its creation, is the newest by the storage's clock (main when the
         store has no other timeline; of two at the same time, the one created last). Nothing
-        shared is written to know it."""
+        shared is written to know it. Every rank of a job asks this at start: a step's
+        completeness is judged from its listing and rank 0's manifest
+        (:meth:`~.catalog.StoreCatalog.looks_complete`), a request or two per timeline whatever
+        the world size; the resume checks the step it reads in full."""
         timelines = self.timelines()
         if len(timelines) == 1:
             return self.on_timeline(MAIN, timelines)
@@ -198,7 +201,7 @@ class CheckpointStore(StoreCatalog):
             when = created.get(timeline_key(name), float("-inf"))
             listing = view.list_steps()
             for number in reversed(listing):
-                if view.step_info(number, listing[number].ranks).complete:
+                if view.looks_complete(number, listing[number].ranks):
                     when = max(when, listing[number].mtime or when)
                     break
             if when >= best_time:

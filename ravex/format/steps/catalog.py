@@ -122,6 +122,18 @@ class StoreCatalog:
             out[step] = StepFiles(step, tuple(sorted(files)), tuple(manifest_ranks(files)), newest)
         return out
 
+    def looks_complete(self, step: int, ranks: tuple[int, ...] | list[int]) -> bool:
+        """Whether a listing's ``ranks`` of ``step`` are every rank's: ``0 .. n-1`` with ``n``
+        rank 0's manifest's world size (one GET, whatever the world size). Not the full check of
+        :meth:`step_info` (one run, every manifest readable): for choices every rank makes alike
+        from the same listing, whose step is checked in full when it is read."""
+        if not ranks or list(ranks) != list(range(len(ranks))):
+            return False
+        try:
+            return self.manifest(step, 0).world_size == len(ranks)
+        except (RavexError, OSError):
+            return False
+
     def step_info(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> StepInfo:
         """Completeness of one step: lists its folder (unless ``ranks`` says which manifests a
         listing found there) and reads its manifests (cached once the step is complete; read
