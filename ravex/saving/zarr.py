@@ -379,20 +379,23 @@ class ZarrBackend(CheckpointBackend):
     def resume_point(self, resume: int | str, follow: bool = False) -> int:
         """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;
         any older step forks a new one (``<timeline>-<step>``) for the steps this run writes, so
-        they never collide with the steps after it. The step is checked complete (its manifests
-        read) and the newest step of the history found (:meth:`~ravex.format.CheckpointStore.resume_steps`).
+        they never collide with the steps after it. The newest step of the history is found
+        (:meth:`~ravex.format.CheckpointStore.resume_steps`), then the step named checked complete,
+        its manifests pinned for the read and the hand-over: ``2W`` manifest GETs.
         ``follow``: a rank other than 0 of several reads nothing: rank 0 checks the step, hands
         its manifests over and tells the others whether it forked (:meth:`fork_agreed`)."""
         name, text = split_ref(str(resume))
         view = self.timeline if name is None else self.store.on_timeline(name)
         self.timeline = view
-        owner, step = view.locate(text, check=not follow)
+        owner, step = view.locate(text, check=False)
         if follow:
             self._fork_from = (owner, step)  # if rank 0 forks
             self._drop_writer()
             return step
         history = view.resume_steps(limit=1)
         newest = (history[0][0].timeline.name, history[0][1]) if history else None
+        owner.pin_step(step, owner.complete_manifests(step))  # checked: read and handed over from here
+        self._handed = (step, owner)
         if newest != (owner.timeline.name, step):
             if self.world_size > 1:  # forked once the ranks agree on the run (fork_agreed)
                 self._fork_from = (owner, step)

@@ -227,16 +227,22 @@ class StoreCatalog:
             shown = step if len(str(step)) <= 40 else f"{str(step)[:40]}..."
             raise StepNotFoundError(f"{shown!r} is not a step; use a number, 'step_100' or 'latest'")
         number = int(text)
-        info = self.step_info(number)
+        self.complete_manifests(number)
+        return number
+
+    def complete_manifests(self, step: int) -> list[Manifest]:
+        """Every manifest of ``step``, read and checked as :meth:`check_step` does; a step that
+        is not complete is a :class:`StepNotFoundError` naming the complete ones."""
+        info, manifests = self.check_step(step)
         if not info.complete:
             known = self.complete_steps()
             main = self.timeline.name == MAIN
             of = "" if main else f" of timeline {self.timeline.name}"
             hint = f"complete steps{of}: {known[-5:]}" if known else f"the store{of} has no complete step"
-            shown = number if main else f"{self.timeline.name}@{number}"
+            shown = step if main else f"{self.timeline.name}@{step}"
             why = info.problem or "incomplete"
             raise StepNotFoundError(f"step {shown} in {self.url!r} is not readable ({why}); {hint}")
-        return number
+        return manifests
 
     # ---- manifests ---------------------------------------------------------------------
 
