@@ -197,10 +197,10 @@ class ZarrBackend(CheckpointBackend):
     # ── writing (writer thread) ─────────────────────────────────────────
 
     def _make_writer(self) -> Any:
-        # the resume is read: its W manifests need not stay in memory for the whole run
-        if self._handed is not None:
-            self._handed[1].forget(self._handed[0])
-        self._handed = self._last_read = None
+        """The writer of this run's steps. The step rank 0 checked and handed over (several
+        ranks) is its delta base, from this rank's manifest of it (pinned: no request); its
+        W manifests then need not stay in memory for the whole run."""
+        handed, self._handed, self._last_read = self._handed, None, None
         kwargs: dict[str, Any] = {
             "rank": self.rank, "world_size": self.world_size,
             "compression": self.config.compression, "delta": self.config.delta,
@@ -208,7 +208,13 @@ class ZarrBackend(CheckpointBackend):
         }
         if self._run_id is not None:
             kwargs["run"] = self._run_id
-        return self.timeline.writer(**kwargs)
+        writer = self.timeline.writer(**kwargs)
+        if handed is not None:
+            step, view = handed
+            if view.timeline.name == self.timeline.timeline.name and self.rank in view.pinned_ranks(step):
+                writer.start_from(step, view.manifest(step, self.rank))
+            view.forget(step)
+        return writer
 
     def _write(self, job: Job) -> dict[str, Any]:
         result: dict[str, Any] = {"stats": self._commit(job)}

@@ -20,15 +20,18 @@ WORLD = 6
 
 class Counting(LocalStorage):
     counts: ClassVar[Counter[str]] = Counter()
+    manifests_read: ClassVar[list[str]] = []
 
     def read(self, key: str) -> bytes:
         self.counts["GET manifest" if "/rank-" in key else "GET other"] += 1
+        if "/rank-" in key:
+            self.manifests_read.append(key)
         return super().read(key)
 
 
-def _settings(url: str) -> Any:
+def _settings(url: str, delta: bool = False) -> Any:
     return SimpleNamespace(storage=SimpleNamespace(url=url, storage_options=dict), backend="zarr",
-                           compression="none", delta=False, chunk_tables=False, keep_last=None,
+                           compression="none", delta=delta, chunk_tables=False, keep_last=None,
                            keep_every=None, skip_unchanged=False, full_stage_every=1, local=None)
 
 
@@ -38,9 +41,9 @@ def _commit(store: Any, step: int, ranks: range) -> None:
             w.commit(step, {"w": np.ones(3, dtype=np.float32), f"rank-{rank}": {"seen": rank, "step": step}})
 
 
-def _backend(path: str, rank: int, monkeypatch: Any) -> ZarrBackend:
+def _backend(path: str, rank: int, monkeypatch: Any, delta: bool = False) -> ZarrBackend:
     monkeypatch.setattr(store_module, "open_storage", lambda url, *a, **k: Counting(url))
-    return ZarrBackend(_settings(path), rank, WORLD)  # type: ignore[arg-type]
+    return ZarrBackend(_settings(path, delta), rank, WORLD)  # type: ignore[arg-type]
 
 
 def test_a_follower_on_a_fork_reads_only_its_own_manifest(tmp_path, monkeypatch):
@@ -143,3 +146,32 @@ def test_a_follower_told_the_newest_step_stays_on_its_timeline(tmp_path, monkeyp
     finally:
         zero.close()
         follower.close()
+
+
+def test_the_first_checkpoint_after_a_resume_reads_no_other_ranks_manifest(tmp_path, monkeypatch):
+    """The step handed over is the delta base of each rank's first commit (from its own pinned
+    manifest): finding a base by checking the newest step would read all W manifests on every
+    rank, W^2 GETs for the job at its first checkpoint."""
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step in (10, 20):
+        _commit(store, step, range(WORLD))
+    zero = _backend(path, 0, monkeypatch)
+    follower = _backend(path, 3, monkeypatch, delta=True)
+    try:
+        assert zero.resume_candidates()[0] == 20
+        payload = zero.hand_over(20)
+        assert follower.newest_step_guess(3) == 20
+        follower.take_over(payload)
+        assert follower.read_step(20, 3, WORLD) is not None
+        Counting.manifests_read.clear()
+        writer = follower._make_writer()
+        stats = writer.commit(30, {"w": np.ones(3, dtype=np.float32), "rank-3": {"seen": 3, "step": 30}})
+        others = [k for k in Counting.manifests_read if not k.endswith("rank-3.json")]
+        assert others == [], others
+        assert stats.reused_chunks > 0  # the handed-over step was the base: "w" was not written again
+        writer.close()
+    finally:
+        zero.close()
+        follower.close()
+

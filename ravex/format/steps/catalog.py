@@ -294,6 +294,11 @@ class StoreCatalog:
             ):
                 self._drop(next(iter(self._manifests)))
 
+    def pinned_ranks(self, step: int) -> list[int]:
+        """The ranks whose manifest of ``step`` :meth:`pin_step` holds (none where it is not pinned)."""
+        with self._lock:
+            return sorted(self._pinned.get(step, {}))
+
     def forget(self, step: int) -> None:
         with self._lock:
             self._pinned.pop(step, None)
