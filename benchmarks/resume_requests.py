@@ -131,7 +131,7 @@ class CountingStorage:
 def _settings(url: str) -> Any:
     return SimpleNamespace(storage=SimpleNamespace(url=url, storage_options=dict), backend="zarr",
                            compression="none", delta=False, chunk_tables=False, keep_last=None,
-                           keep_every=None, skip_unchanged=False, full_stage_every=1)
+                           keep_every=None, skip_unchanged=False, full_stage_every=1, local=None)
 
 
 def _write(path: str, world: int, steps: int) -> None:
