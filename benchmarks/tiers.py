@@ -29,6 +29,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from .util import count_requests
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BUCKET = "bench-tiers"
@@ -39,33 +41,12 @@ CONTENDERS: dict[str, dict[str, Any] | None] = {
     "local + S3, persist_every 1": {"persist_every": 1},
     "local + S3, persist_every 10": {"persist_every": 10},
 }
-#: what a FsspecStorage method costs on an object store
-BILLED = {"write": "PUT", "create": "PUT", "read": "GET", "read_range": "GET", "list_dir": "LIST",
-          "walk": "LIST", "exists": "HEAD", "size": "HEAD", "delete": "DELETE", "delete_if_older": "DELETE"}
-
-
-def _count_requests(counts: Counter[str]) -> None:
-    """Wrap every billed ``FsspecStorage`` method to count into ``counts`` (``PUT bytes`` too)."""
-    from ravex.format.storage.fsspec_store import FsspecStorage
-
-    for method, op in BILLED.items():
-        original = getattr(FsspecStorage, method)
-
-        def counted(self: Any, *args: Any, _original: Any = original, _op: str = op, **kwargs: Any) -> Any:
-            counts[_op] += 1
-            if _op == "PUT" and len(args) > 1:
-                counts["PUT bytes"] += memoryview(args[1]).nbytes
-            return _original(self, *args, **kwargs)
-
-        setattr(FsspecStorage, method, counted)
-
-
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One contender's loop: seconds training, seconds flushing, what it asked of the bucket."""
     import torch
 
     counts: Counter[str] = Counter()
-    _count_requests(counts)
+    count_requests(counts)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(spec["width"], spec["width"]) for _ in range(spec["layers"])])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -8,7 +8,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,3 +182,32 @@ def machine_notes(scratch: str) -> dict[str, Any]:
         except PackageNotFoundError:
             notes[dist] = None
     return notes
+
+
+#: what a ``FsspecStorage`` method costs on an object store (``delete_if_older`` is its HEAD: the
+#: DELETE it then sends goes through ``delete``, counted there)
+BILLED = {"write": "PUT", "create": "PUT", "read": "GET", "read_range": "GET", "list_dir": "LIST",
+          "walk": "LIST", "exists": "HEAD", "size": "HEAD", "delete": "DELETE", "delete_if_older": "HEAD"}
+
+
+def count_requests(counts: Counter[str], kind: Callable[[str], str] | None = None) -> threading.Lock:
+    """Wrap every billed ``FsspecStorage`` method to count into ``counts`` as the object store bills
+    it (``PUT bytes`` too). ``kind``: each request is also counted under ``"<op> <kind(key)>"``.
+    Returns the lock the counting holds (take it to copy ``counts`` while Ravex's threads count)."""
+    from ravex.format.storage.fsspec_store import FsspecStorage
+
+    lock = threading.Lock()  # Ravex calls storage from several threads (writers, parallel reads)
+    for method, op in BILLED.items():
+        original = getattr(FsspecStorage, method)
+
+        def counted(self: Any, *args: Any, _original: Any = original, _op: str = op, **kwargs: Any) -> Any:
+            with lock:
+                counts[_op] += 1
+                if _op == "PUT" and len(args) > 1:
+                    counts["PUT bytes"] += memoryview(args[1]).nbytes
+                if kind is not None and args and isinstance(args[0], str):
+                    counts[f"{_op} {kind(args[0])}"] += 1
+            return _original(self, *args, **kwargs)
+
+        setattr(FsspecStorage, method, counted)
+    return lock
