@@ -94,7 +94,7 @@ class RavexConfig:
     keep_last: int | None = 3
     keep_every: int | None = None
     #: the fast tier on this machine (a path): every checkpoint lands there, and every
-    #: ``persist_every``-th is also copied to ``storage`` in the background (ravex/saving/tiers.py)
+    #: ``persist_every``-th is also copied to ``storage`` in the background (ravex/saving/steps/tiers.py)
     local: str | None = None
     persist_every: int = 1
     #: retention in ``storage`` when ``local`` is set (``keep_last`` is the local tier's; null: keep all)

@@ -209,7 +209,7 @@ class CheckpointBackend(ABC):
         :meth:`claim` took. Default: nothing to lose."""
 
     def durable_tier(self) -> dict[str, Any] | None:
-        """With two tiers (``local:``, :mod:`ravex.saving.tiers`): the durable tier's URL, the
+        """With two tiers (``local:``, :mod:`ravex.saving.steps.tiers`): the durable tier's URL, the
         newest step copied there and the last copy's error. None with one tier."""
         return None
 

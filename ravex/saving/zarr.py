@@ -42,7 +42,7 @@ from .logline import commit_text
 from .plan import SavingSettings
 from .ranks import place
 from .steps.settler import Settler
-from .tiers import Persister, describe, fetch
+from .steps.tiers import Persister, describe, fetch
 from .witness_writer import WitnessWriter
 from .writer_thread import Job
 
@@ -109,7 +109,7 @@ class ZarrBackend(CheckpointBackend):
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        #: with ``local:``, the durable tier's background copy (ravex/saving/tiers.py)
+        #: with ``local:``, the durable tier's background copy (ravex/saving/steps/tiers.py)
         self.persister: Persister | None = None
         if config.local is None:
             self.store = durable

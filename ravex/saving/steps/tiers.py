@@ -24,7 +24,7 @@ import time
 from ravex.format import CheckpointStore
 from ravex.format.history.witness import read_witness, write_witness
 
-from .logline import mib, ms
+from ..logline import mib, ms
 
 logger = logging.getLogger("ravex")
 
