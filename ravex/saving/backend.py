@@ -285,7 +285,7 @@ class CheckpointBackend(ABC):
     def resume_point(self, resume: int | str, follow: bool = False) -> int:
         """The step a run told ``resume: <step>`` reads, once, before :meth:`complete_steps` is
         asked again; a backend with timelines may switch to (or fork) the timeline it writes
-        (:meth:`ravex.saving.zarr.ZarrBackend.resume_point`). ``follow``: a rank other than 0
+        (:meth:`ravex.saving.steps.forks.TimelineForks.resume_point`). ``follow``: a rank other than 0
         of several, which may leave the check to rank 0. Here: a complete step number, checked
         on every rank."""
         from ravex.format.errors import StepNotFoundError

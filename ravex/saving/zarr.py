@@ -24,14 +24,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ravex.format import CheckpointStore, RavexError, open_store
 from ravex.format.errors import LeaseLostError
 from ravex.format.history.leases import Holder, Lease
 from ravex.format.history.runs import write_run
-from ravex.format.history.timelines import split_ref
 from ravex.format.history.witness import Witness, read_witness, write_witness
 from ravex.format.steps.handoff import adopt_step, newest_own_step, pack_manifests, payload_timeline
 from ravex.format.steps.reader import RankReader
@@ -41,6 +39,7 @@ from .load import read_refs
 from .logline import commit_text
 from .plan import SavingSettings
 from .ranks import place
+from .steps.forks import TimelineForks
 from .steps.settler import Settler
 from .steps.tiers import Persister, describe, fetch
 from .witness_writer import WitnessWriter
@@ -95,7 +94,7 @@ class LeaseKeeper:
                                "takes it over once it is stale", self.lease.timeline, exc)
 
 
-class ZarrBackend(CheckpointBackend):
+class ZarrBackend(TimelineForks, CheckpointBackend):
     """Default backend, on :mod:`ravex.format`."""
 
     name: ClassVar[str] = "zarr"
@@ -381,94 +380,6 @@ class ZarrBackend(CheckpointBackend):
         listed (its manifests are cached) or handed over by rank 0."""
         owner, number = self._owner_of(step)
         return LIGHTNING_KEY in owner.manifest(number, 0).metadata
-
-    def resume_point(self, resume: int | str, follow: bool = False) -> int:
-        """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;
-        any older step forks a new one (``<timeline>-<step>``) for the steps this run writes, so
-        they never collide with the steps after it. The newest step of the history is found
-        (:meth:`~ravex.format.CheckpointStore.resume_steps`), then the step named checked complete,
-        its manifests pinned for the read and the hand-over: ``2W`` manifest GETs.
-        ``follow``: a rank other than 0 of several reads nothing: rank 0 checks the step, hands
-        its manifests over and tells the others whether it forked (:meth:`fork_agreed`)."""
-        name, text = split_ref(str(resume))
-        view = self.timeline if name is None else self.store.on_timeline(name)
-        self.timeline = view
-        owner, step = view.locate(text, check=False)
-        if follow:
-            self._fork_from = (owner, step)  # if rank 0 forks
-            self._drop_writer()
-            return step
-        history = view.resume_steps(limit=1)
-        newest = (history[0][0].timeline.name, history[0][1]) if history else None
-        owner.pin_step(step, owner.complete_manifests(step))  # checked: read and handed over from here
-        self._handed = (step, owner)
-        if newest != (owner.timeline.name, step):
-            if self.world_size > 1:  # forked once the ranks agree on the run (fork_agreed)
-                self._fork_from = (owner, step)
-            else:
-                self._fork(owner, step)
-        self._drop_writer()
-        return step
-
-    def start_fresh(self) -> str | None:
-        # docstring inherited
-        if self.world_size > 1:
-            self._fork_from = (None, None)
-            return None
-        self._fork(None, None)
-        self._drop_writer()
-        return self.timeline_name
-
-    def _fork(self, owner: Any, step: int | None) -> None:
-        resumed = self.timeline.timeline.name
-        if owner is None:
-            self.timeline = self.store.start_root(run=self._run_id)
-            return
-        self.timeline = owner.fork(step, run=self._run_id)
-        logger.info("ravex: step %s is not the newest of timeline %r: this run writes the new timeline %r",
-                    step, resumed, self.timeline.timeline.name)
-
-    @property
-    def timeline_name(self) -> str:
-        # docstring inherited
-        return str(self.timeline.timeline.name)
-
-    @property
-    def fork_pending(self) -> bool:
-        # docstring inherited
-        return self._fork_from is not None
-
-    def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:
-        """Several ranks rolling back, after they agreed on the run id (:meth:`set_run`): rank 0
-        forks the timeline, once, its document naming that run; ``agree(ok)`` (every rank, True
-        when it holds on all) tells the others it exists, and each finds it by the run id. A
-        failed fork fails every rank, before any writes."""
-        pending, self._fork_from = self._fork_from, None
-        # rank 0 decided whether to fork; a rank that took a named step unchecked learns it here
-        if not agree(rank != 0 or pending is not None) or pending is None:
-            self._drop_writer()
-            return
-        owner, step = pending
-        failed: Exception | None = None
-        if rank == 0:
-            try:
-                self._fork(owner, step)
-            except Exception as exc:
-                failed = exc
-        asked = "resume: never" if owner is None else f"resume: {step}"
-        if not agree(failed is None):
-            raise RavexError(f"{asked}: rank 0 could not start this run's timeline in {self.url!r}"
-                             + (f" ({type(failed).__name__}: {failed})" if failed is not None else
-                                " (its error is in rank 0's output)"))
-        if rank != 0:
-            parent = None if owner is None else owner.timeline.name
-            found = [t for t in self.store.timelines().values() if t.run == self._run_id and
-                     t.parent == parent and t.fork_step == step]
-            if len(found) != 1:
-                raise RavexError(f"{asked}: rank 0 started this run's timeline, but this rank finds "
-                                 f"{len(found)} timelines started by run {self._run_id} in {self.url!r}")
-            self.timeline = self.store.on_timeline(found[0].name)
-        self._drop_writer()
 
     def tag(self, name: str) -> str | None:
         """Rank 0 tags the newest step of this backend's timeline (the caller flushed first);
