@@ -105,3 +105,13 @@ def failed_line(step: int, world_size: int, missing: Sequence[int], url: str, wh
         f"ravex: checkpoint step {step} ({world_size} ranks) FAILED on ranks {list(missing)} "
         f"({why}; their own output says why): the step is incomplete, not a resume point -> {url}"
     )
+
+
+def unsettled_line(step: int, world_size: int, missing: Sequence[int], url: str, waited: float) -> str:
+    """Rank 0's line at exit for a multi-rank step whose other manifests had not landed: late or
+    failed, rank 0 cannot tell, and the step may still complete once it is gone."""
+    return (
+        f"ravex: checkpoint step {step} ({world_size} ranks) NOT COMPLETE when rank 0 exited: no manifest "
+        f"from ranks {list(missing)} {waited:.0f} s after its own (late ranks complete it without rank 0, "
+        f"`ravex ls` says; a failed one's output says why) -> {url}"
+    )

@@ -39,3 +39,28 @@ def test_refs_json_with_each_checkpoint_only_up_to_the_threshold(tmp_path, caplo
     else:
         assert refs == [False, False]
         assert len(said) == 1 and "ravex export step_10 --format refs" in said[0], said
+
+
+def test_a_step_without_every_manifest_at_close_is_not_complete_not_failed(tmp_path, caplog, monkeypatch):
+    """At exit rank 0 cannot tell a late rank from a failed one: a step a rank has not written
+    within the wait is said NOT COMPLETE (it may complete once rank 0 is gone), naming the ranks;
+    a step older than a complete one is FAILED, as that rank went on past it."""
+    import ravex.saving.steps.settler as settler_module
+
+    monkeypatch.setattr(settler_module, "CLOSE_WAIT_S", 0.2)
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step, ranks in ((10, (0,)), (20, (0, 1)), (30, (0,))):
+        for rank in ranks:
+            with store.writer(rank=rank, world_size=2, run="r", threads=1) as w:
+                w.commit(step, {"w": np.ones(2, dtype=np.float32), f"rank-{rank}": {"seen": rank}})
+    settler = Settler(2, path)
+    with caplog.at_level(logging.INFO, logger="ravex"):
+        for step in (10, 20, 30):
+            settler.settle(store, step)
+        settler.close(store)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("checkpoint step 10 (2 ranks) FAILED on ranks [1]" in m for m in said), said
+    assert any("checkpoint step 30 (2 ranks) NOT COMPLETE when rank 0 exited: no manifest from ranks [1]" in m
+               for m in said), said
+    assert not any("step 30" in m and "FAILED" in m for m in said), said

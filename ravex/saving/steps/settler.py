@@ -20,7 +20,7 @@ from ravex.format.reports.summary import read_manifest_header
 from ravex.format.steps.catalog import MANIFEST_READ_THREADS, PARALLEL_READS_FROM
 from ravex.format.steps.refs import refs_worth_writing, write_refs
 
-from ..logline import failed_line, job_line
+from ..logline import failed_line, job_line, unsettled_line
 
 logger = logging.getLogger("ravex")
 
@@ -89,7 +89,9 @@ class Settler:
             time.sleep(0.05)  # polling storage: the other ranks' manifests have no other signal
             self.settle(timeline)
         for step in list(self.pending):
-            self._failed(timeline, step, f"not complete {CLOSE_WAIT_S:.0f} s after rank 0's last write")
+            self.pending.remove(step)
+            logger.warning("%s", unsettled_line(step, self.world_size, self._missing(timeline, step),
+                                                self.url, CLOSE_WAIT_S))
 
     def _complete(self, timeline: Any, step: int) -> None:
         try:
@@ -121,12 +123,15 @@ class Settler:
 
     def _failed(self, timeline: Any, step: int, why: str) -> None:
         self.pending.remove(step)
+        logger.warning("%s", failed_line(step, self.world_size, self._missing(timeline, step), self.url, why))
+
+    def _missing(self, timeline: Any, step: int) -> list[int]:
+        """The ranks whose manifest of ``step`` is not there (every rank where unknown)."""
         try:
             ranks = set(timeline.step_info(step).ranks)
         except Exception:
             ranks = set()
-        missing = sorted(set(range(self.world_size)) - ranks)
-        logger.warning("%s", failed_line(step, self.world_size, missing, self.url, why))
+        return sorted(set(range(self.world_size)) - ranks)
 
 
 def _headers(timeline: Any, step: int, world_size: int) -> list[dict[str, Any]]:
