@@ -94,3 +94,17 @@ def test_resume_never_two_ranks_start_one_root_timeline_and_train_afresh(tmp_pat
     assert [s for v, s in own.lineage_steps() if v.timeline.name != "fresh"] == []
     assert store.complete_steps() == [4, 8, 12] and _snapshot(store, [4, 8, 12]) == before
     assert store.current().timeline.name == "fresh"
+
+
+def test_a_step_named_that_is_not_there_stops_both_ranks_at_once(tmp_path):
+    """``RAVEX_RESUME=6``, a step never written: rank 0 stops with the one-line error, and rank 1,
+    which leaves the full check to rank 0, stops with the same error instead of waiting in a
+    collective for a rank 0 that is gone (torchrun then SIGKILLs it after 30 s)."""
+    cwd = h.workdir(tmp_path, every=4, keep_last=100)
+    first = h.run(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="9"), kill_when=h.all_ranks("BLOCKED", 2))
+    assert first.killed and open_store(cwd / "ckpt").complete_steps() == [4, 8], first.explain()
+    second = h.run(2, cwd, h.env(T_ENTRY="activate", RAVEX_RESUME="6"))
+    assert second.returncode != 0, second.explain()
+    assert second.stderr.count("step 6 in ") == 2 and "not readable (no manifest)" in second.stderr, second.explain()
+    assert "forcefully exiting" not in second.stderr, second.explain()
+    assert not second.losses(0) and not second.losses(1), "a rank trained"

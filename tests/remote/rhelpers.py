@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
@@ -70,3 +72,10 @@ def objects_all_whole(storage) -> list[str]:
         if name.startswith(".tmp-") or digest(storage.read(info.key)) != name:
             bad.append(info.key)
     return bad
+
+
+def listed_folders(proxy: Any) -> Counter[str]:
+    """How many times each top folder of a store was listed, from a counting proxy's log (the
+    store's prefix is the first path part of the listing's ``prefix``)."""
+    prefixes = [parse_qs(urlsplit(r.path).query)["prefix"][0] for r in proxy.log if r.op == "LIST"]
+    return Counter(p.rstrip("/").split("/", 1)[1].split("/")[0] for p in prefixes)

@@ -6,50 +6,34 @@ listed once, no HEAD per object; a step the destination holds costs no PUT and n
 from __future__ import annotations
 
 import uuid
-from urllib.parse import parse_qs, urlsplit
 
-import pytest
-from faultproxy import FaultProxy
-from rhelpers import BUCKET, FAST_RETRY, assert_same, options_for, state
+from rhelpers import BUCKET, FAST_RETRY, assert_same, listed_folders, options_for, state
 
 from ravex.format import copy_step, open_store
 from ravex.format.reports.validate import validate
 
 
-@pytest.fixture
-def counted(moto_server):
-    proxy = FaultProxy(moto_server.port, seed=11).start()
-    yield proxy
-    proxy.stop()
-
-
-def _listed(proxy: FaultProxy) -> list[str]:
-    """The top folder of each LIST request."""
-    prefixes = [parse_qs(urlsplit(r.path).query)["prefix"][0] for r in proxy.log if r.op == "LIST"]
-    return sorted(p.rstrip("/").split("/", 1)[1].split("/")[0] for p in prefixes)
-
-
-def test_copy_to_s3_puts_only_what_is_missing(counted, tmp_path):
+def test_copy_to_s3_puts_only_what_is_missing(proxy, tmp_path):
     src = open_store(tmp_path / "src", create=True)
     with src.writer() as w:
         for step in (1, 2):
             w.commit(step, state(step, small=8, big_rows=64))
     url = f"s3://{BUCKET}/copy-{uuid.uuid4().hex[:12]}"
-    dst = open_store(url, create=True, storage_options=options_for(counted.url), retry=FAST_RETRY)
+    dst = open_store(url, create=True, storage_options=options_for(proxy.url), retry=FAST_RETRY)
     copy_step(src, dst, 1)
 
-    counted.reset_counts()
+    proxy.reset_counts()
     report = copy_step(src, dst, 2)
-    ops = counted.ops
+    ops = proxy.ops
     assert report.objects_copied > 0 and report.objects_present > 0, report
     assert ops["PUT"] == report.objects_copied + 2, ops  # the objects, the manifest, refs.json
-    assert ops["HEAD"] == 0 and _listed(counted).count("objects") == 1, (ops, _listed(counted))
+    assert ops["HEAD"] == 0 and listed_folders(proxy)["objects"] == 1, (ops, listed_folders(proxy))
 
-    counted.reset_counts()
+    proxy.reset_counts()
     again = copy_step(src, dst, 2)
     assert again.objects_copied == 0 and again.manifests_copied == 0
-    assert counted.ops["PUT"] == 0 and "objects" not in _listed(counted), (counted.ops, _listed(counted))
+    assert proxy.ops["PUT"] == 0 and "objects" not in listed_folders(proxy), (proxy.ops, listed_folders(proxy))
 
-    fresh = open_store(url, storage_options=options_for(counted.url), retry=FAST_RETRY)
+    fresh = open_store(url, storage_options=options_for(proxy.url), retry=FAST_RETRY)
     assert_same(fresh.read(2), src.read(2))
     assert validate(fresh).ok

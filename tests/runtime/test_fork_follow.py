@@ -112,8 +112,9 @@ def test_a_follower_told_a_step_reads_only_its_own_manifest_and_follows_rank_0s_
         assert zero.resume_point(20) == 20 and zero.fork_pending
         payload = zero.hand_over(20)
         Counting.counts.clear()
+        Counting.manifests_read.clear()
         assert follower.resume_point(20, follow=True) == 20
-        assert Counting.counts["GET manifest"] == 0, Counting.counts
+        assert Counting.manifests_read == ["steps/20/rank-0.json"], Counting.manifests_read  # looks complete
         peeked = follower.peek_step(20, WORLD - 1, WORLD)
         assert peeked is not None and peeked.tree["seen"] == WORLD - 1
         follower.take_over(payload)
@@ -124,7 +125,7 @@ def test_a_follower_told_a_step_reads_only_its_own_manifest_and_follows_rank_0s_
         assert zero.timeline_name == follower.timeline_name == "main-20"
         loaded = follower.read_step(20, WORLD - 1, WORLD)
         assert loaded is not None and loaded.tree["seen"] == WORLD - 1
-        assert Counting.counts["GET manifest"] == 1, Counting.counts  # its own, for its position
+        assert Counting.counts["GET manifest"] == 2, Counting.counts  # and its own, for its position
     finally:
         zero.close()
         follower.close()
@@ -174,4 +175,26 @@ def test_the_first_checkpoint_after_a_resume_reads_no_other_ranks_manifest(tmp_p
     finally:
         zero.close()
         follower.close()
+
+
+def test_a_step_named_that_is_not_there_stops_every_rank(tmp_path, monkeypatch):
+    """``resume: 10`` where retention dropped step 10: rank 0 stops with the error, and so must
+    every other rank, before any collective (one left behind waits for rank 0 forever)."""
+    import pytest
+
+    from ravex.format.errors import StepNotFoundError
+
+    path = str(tmp_path / "s")
+    store = open_store(path, create=True)
+    for step in (20, 30):
+        _commit(store, step, range(WORLD))
+    _commit(store, 40, range(2))  # a partial step is no step to resume either
+    for rank in (0, 3):
+        backend = _backend(path, rank, monkeypatch)
+        try:
+            for missing in (10, 40):
+                with pytest.raises(StepNotFoundError, match=f"step {missing} .* not readable"):
+                    backend.resume_point(missing, follow=rank != 0)
+        finally:
+            backend.close()
 

@@ -122,11 +122,14 @@ class StoreCatalog:
             out[step] = StepFiles(step, tuple(sorted(files)), tuple(manifest_ranks(files)), newest)
         return out
 
-    def looks_complete(self, step: int, ranks: tuple[int, ...] | list[int]) -> bool:
-        """Whether a listing's ``ranks`` of ``step`` are every rank's: ``0 .. n-1`` with ``n``
-        rank 0's manifest's world size (one GET, whatever the world size). Not the full check of
-        :meth:`step_info` (one run, every manifest readable): for choices every rank makes alike
-        from the same listing, whose step is checked in full when it is read."""
+    def looks_complete(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> bool:
+        """Whether a listing's ``ranks`` of ``step`` (None: its folder listed here) are every
+        rank's: ``0 .. n-1`` with ``n`` rank 0's manifest's world size (one GET, whatever the world
+        size). Not the full check of :meth:`step_info` (one run, every manifest readable): for
+        choices every rank makes alike from the same listing, whose step is checked in full when
+        it is read."""
+        if ranks is None:
+            ranks = manifest_ranks(self.storage.list_dir(self.step_dir(step)))
         if not ranks or list(ranks) != list(range(len(ranks))):
             return False
         try:

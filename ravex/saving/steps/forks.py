@@ -38,13 +38,17 @@ class TimelineForks:
         they never collide with the steps after it. The newest step of the history is found
         (:meth:`~ravex.format.CheckpointStore.resume_steps`), then the step named checked complete,
         its manifests pinned for the read and the hand-over: ``2W`` manifest GETs.
-        ``follow``: a rank other than 0 of several reads nothing: rank 0 checks the step, hands
-        its manifests over and tells the others whether it forked (:meth:`fork_agreed`)."""
+        ``follow``: a rank other than 0 of several checks only that the step looks complete (its
+        folder listed, rank 0's manifest read: a step that is not there stops every rank, not
+        rank 0 alone); rank 0 checks it in full, hands its manifests over and tells the others
+        whether it forked (:meth:`fork_agreed`)."""
         name, text = split_ref(str(resume))
         view = self.timeline if name is None else self.store.on_timeline(name)
         self.timeline = view
         owner, step = view.locate(text, check=False)
         if follow:
+            if not owner.looks_complete(step):  # rank 0 stops on it: this rank too, with its error
+                owner.complete_manifests(step)
             self._fork_from = (owner, step)  # if rank 0 forks
             self._drop_writer()
             return step
