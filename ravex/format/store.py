@@ -185,10 +185,10 @@ class CheckpointStore(StoreCatalog):
         """The timeline a plain rerun continues: the one whose newest event, its newest
         complete step or its creation, is the newest by the storage's clock (main when the
         store has no other timeline; of two at the same time, the one created last). Nothing
-        shared is written to know it. Every rank of a job asks this at start: a step's
-        completeness is judged from its listing and rank 0's manifest
-        (:meth:`~.catalog.StoreCatalog.looks_complete`), a request or two per timeline whatever
-        the world size; the resume checks the step it reads in full."""
+        shared is written to know it. Every rank of a job asks this at start: each timeline's
+        steps are listed by name, then its newest step's folder, its completeness judged from
+        that listing and rank 0's manifest (:meth:`~.catalog.StoreCatalog.looks_complete`): not
+        every manifest, not every folder; the resume checks the step it reads in full."""
         timelines = self.timelines()
         if len(timelines) == 1:
             return self.on_timeline(MAIN, timelines)
@@ -199,10 +199,10 @@ class CheckpointStore(StoreCatalog):
         for name in sorted(timelines, key=lambda n: (n != MAIN, timelines[n].created_at or "")):
             view = self.on_timeline(name, timelines)
             when = created.get(timeline_key(name), float("-inf"))
-            listing = view.list_steps()
-            for number in reversed(listing):
-                if view.looks_complete(number, listing[number].ranks):
-                    when = max(when, listing[number].mtime or when)
+            for number in reversed(view.step_numbers()):  # newest first, one folder listed at a time
+                files = view.step_files(number)
+                if view.looks_complete(number, files.ranks):
+                    when = max(when, files.mtime or when)
                     break
             if when >= best_time:
                 best, best_time = name, when

@@ -122,6 +122,14 @@ class StoreCatalog:
             out[step] = StepFiles(step, tuple(sorted(files)), tuple(manifest_ranks(files)), newest)
         return out
 
+    def step_files(self, step: int) -> StepFiles:
+        """One step folder's files, ranks and newest mtime, from a listing of that folder alone
+        (one LIST request per 1000 files), where :meth:`list_steps` lists every step's."""
+        prefix = self.step_dir(step)
+        files = {obj.key.rsplit("/", 1)[-1]: obj.mtime for obj in self.storage.walk(prefix)
+                 if obj.key.rsplit("/", 1)[0] == prefix}
+        return StepFiles(step, tuple(sorted(files)), tuple(manifest_ranks(files)), max(files.values(), default=None))
+
     def looks_complete(self, step: int, ranks: tuple[int, ...] | list[int] | None = None) -> bool:
         """Whether a listing's ``ranks`` of ``step`` (None: its folder listed here) are every
         rank's: ``0 .. n-1`` with ``n`` rank 0's manifest's world size (one GET, whatever the world
