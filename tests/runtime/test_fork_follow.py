@@ -5,13 +5,16 @@ loop position from listings and its own manifest, as on ``main``: no other rank'
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
+import pytest
 
 import ravex.format.store as store_module
 from ravex.format import open_store
+from ravex.format.errors import StepNotFoundError
 from ravex.format.storage import LocalStorage
 from ravex.saving.zarr import ZarrBackend
 
@@ -41,12 +44,22 @@ def _commit(store: Any, step: int, ranks: range) -> None:
             w.commit(step, {"w": np.ones(3, dtype=np.float32), f"rank-{rank}": {"seen": rank, "step": step}})
 
 
-def _backend(path: str, rank: int, monkeypatch: Any, delta: bool = False) -> ZarrBackend:
+@pytest.fixture
+def backend(monkeypatch: Any) -> Iterator[Callable[..., ZarrBackend]]:
+    """Opens a rank's backend over request-counting storage; every one is closed at the end."""
+    opened: list[ZarrBackend] = []
     monkeypatch.setattr(store_module, "open_storage", lambda url, *a, **k: Counting(url))
-    return ZarrBackend(_settings(path, delta), rank, WORLD)  # type: ignore[arg-type]
+
+    def open_backend(path: str, rank: int, delta: bool = False) -> ZarrBackend:
+        opened.append(ZarrBackend(_settings(path, delta), rank, WORLD))  # type: ignore[arg-type]
+        return opened[-1]
+
+    yield open_backend
+    for one in opened:
+        one.close()
 
 
-def test_a_follower_on_a_fork_reads_only_its_own_manifest(tmp_path, monkeypatch):
+def test_a_follower_on_a_fork_reads_only_its_own_manifest(tmp_path, backend):
     path = str(tmp_path / "s")
     store = open_store(path, create=True)
     for step in (10, 20, 30):
@@ -55,41 +68,34 @@ def test_a_follower_on_a_fork_reads_only_its_own_manifest(tmp_path, monkeypatch)
     _commit(fork, 25, range(WORLD))
     _commit(fork, 27, range(2))  # a crashed run's partial step on the fork
 
-    zero = _backend(path, 0, monkeypatch)
-    follower = _backend(path, WORLD - 1, monkeypatch)
-    try:
-        assert zero.timeline_name == follower.timeline_name == "exp"
-        assert zero.resume_candidates() == [25, 20, 10]  # the fork's own, then main's up to the fork
-        payload = zero.hand_over(25)
-        Counting.counts.clear()
-        assert follower.newest_step_guess(WORLD - 1) == 25
-        peeked = follower.peek_step(25, WORLD - 1, WORLD)
-        assert peeked is not None and peeked.tree["step"] == 25
-        follower.take_over(payload)
-        loaded = follower.read_step(25, WORLD - 1, WORLD)
-        assert loaded is not None and loaded.tree["seen"] == WORLD - 1
-        # rank 0's of the partial step 27 (its world size: the folder lists ranks 0 and 1), then its
-        # own of 25 twice (guess, position); none of the other ranks' (W - 1 of them before)
-        assert Counting.counts["GET manifest"] == 3, Counting.counts
-    finally:
-        zero.close()
-        follower.close()
+    zero = backend(path, 0)
+    follower = backend(path, WORLD - 1)
+    assert zero.timeline_name == follower.timeline_name == "exp"
+    assert zero.resume_candidates() == [25, 20, 10]  # the fork's own, then main's up to the fork
+    payload = zero.hand_over(25)
+    Counting.counts.clear()
+    assert follower.newest_step_guess(WORLD - 1) == 25
+    peeked = follower.peek_step(25, WORLD - 1, WORLD)
+    assert peeked is not None and peeked.tree["step"] == 25
+    follower.take_over(payload)
+    loaded = follower.read_step(25, WORLD - 1, WORLD)
+    assert loaded is not None and loaded.tree["seen"] == WORLD - 1
+    # rank 0's of the partial step 27 (its world size: the folder lists ranks 0 and 1), then its
+    # own of 25 twice (guess, position); none of the other ranks' (W - 1 of them before)
+    assert Counting.counts["GET manifest"] == 3, Counting.counts
 
 
-def test_a_follower_on_a_fork_without_steps_goes_to_the_fork_step(tmp_path, monkeypatch):
+def test_a_follower_on_a_fork_without_steps_goes_to_the_fork_step(tmp_path, backend):
     path = str(tmp_path / "s")
     store = open_store(path, create=True)
     for step in (10, 20, 30):
         _commit(store, step, range(WORLD))
     store.fork(20, name="exp", run="f")
-    follower = _backend(path, 3, monkeypatch)
-    try:
-        assert follower.timeline_name == "exp"
-        assert follower.newest_step_guess(3) == 20  # main's 30 is after the fork: not this history
-        peeked = follower.peek_step(20, 3, WORLD)
-        assert peeked is not None and peeked.tree["seen"] == 3
-    finally:
-        follower.close()
+    follower = backend(path, 3)
+    assert follower.timeline_name == "exp"
+    assert follower.newest_step_guess(3) == 20  # main's 30 is after the fork: not this history
+    peeked = follower.peek_step(20, 3, WORLD)
+    assert peeked is not None and peeked.tree["seen"] == 3
 
 
 def _agree_with(zero_says: bool):
@@ -97,7 +103,7 @@ def _agree_with(zero_says: bool):
     return lambda ok: ok and zero_says
 
 
-def test_a_follower_told_a_step_reads_only_its_own_manifest_and_follows_rank_0s_fork(tmp_path, monkeypatch):
+def test_a_follower_told_a_step_reads_only_its_own_manifest_and_follows_rank_0s_fork(tmp_path, backend):
     """``resume: 20`` (older than the newest, 30: rank 0 forks): a rank other than 0 checks
     nothing itself; it reads its own manifest for its position, takes rank 0's manifests, and
     learns from rank 0's vote that the fork exists, which it then finds by the run id."""
@@ -106,50 +112,42 @@ def test_a_follower_told_a_step_reads_only_its_own_manifest_and_follows_rank_0s_
     for step in (10, 20, 30):
         _commit(store, step, range(WORLD))
 
-    zero = _backend(path, 0, monkeypatch)
-    follower = _backend(path, WORLD - 1, monkeypatch)
-    try:
-        assert zero.resume_point(20) == 20 and zero.fork_pending
-        payload = zero.hand_over(20)
-        Counting.counts.clear()
-        Counting.manifests_read.clear()
-        assert follower.resume_point(20, follow=True) == 20
-        assert Counting.manifests_read == ["steps/20/rank-0.json"], Counting.manifests_read  # looks complete
-        peeked = follower.peek_step(20, WORLD - 1, WORLD)
-        assert peeked is not None and peeked.tree["seen"] == WORLD - 1
-        follower.take_over(payload)
-        for backend in (zero, follower):
-            backend.set_run("rerun")
-        zero.fork_agreed(0, lambda ok: ok)
-        follower.fork_agreed(WORLD - 1, _agree_with(True))
-        assert zero.timeline_name == follower.timeline_name == "main-20"
-        loaded = follower.read_step(20, WORLD - 1, WORLD)
-        assert loaded is not None and loaded.tree["seen"] == WORLD - 1
-        assert Counting.counts["GET manifest"] == 2, Counting.counts  # and its own, for its position
-    finally:
-        zero.close()
-        follower.close()
+    zero = backend(path, 0)
+    follower = backend(path, WORLD - 1)
+    assert zero.resume_point(20) == 20 and zero.fork_pending
+    payload = zero.hand_over(20)
+    Counting.counts.clear()
+    Counting.manifests_read.clear()
+    assert follower.resume_point(20, follow=True) == 20
+    assert Counting.manifests_read == ["steps/20/rank-0.json"], Counting.manifests_read  # looks complete
+    peeked = follower.peek_step(20, WORLD - 1, WORLD)
+    assert peeked is not None and peeked.tree["seen"] == WORLD - 1
+    follower.take_over(payload)
+    for backend in (zero, follower):
+        backend.set_run("rerun")
+    zero.fork_agreed(0, lambda ok: ok)
+    follower.fork_agreed(WORLD - 1, _agree_with(True))
+    assert zero.timeline_name == follower.timeline_name == "main-20"
+    loaded = follower.read_step(20, WORLD - 1, WORLD)
+    assert loaded is not None and loaded.tree["seen"] == WORLD - 1
+    assert Counting.counts["GET manifest"] == 2, Counting.counts  # and its own, for its position
 
 
-def test_a_follower_told_the_newest_step_stays_on_its_timeline(tmp_path, monkeypatch):
+def test_a_follower_told_the_newest_step_stays_on_its_timeline(tmp_path, backend):
     path = str(tmp_path / "s")
     store = open_store(path, create=True)
     for step in (10, 20):
         _commit(store, step, range(WORLD))
-    zero = _backend(path, 0, monkeypatch)
-    follower = _backend(path, 2, monkeypatch)
-    try:
-        assert zero.resume_point(20) == 20 and not zero.fork_pending
-        assert follower.resume_point(20, follow=True) == 20 and follower.fork_pending  # not known yet
-        follower.fork_agreed(2, _agree_with(False))  # rank 0 voted: no fork
-        assert not follower.fork_pending and follower.timeline_name == "main"
-        assert store.timelines().keys() == {"main"}
-    finally:
-        zero.close()
-        follower.close()
+    zero = backend(path, 0)
+    follower = backend(path, 2)
+    assert zero.resume_point(20) == 20 and not zero.fork_pending
+    assert follower.resume_point(20, follow=True) == 20 and follower.fork_pending  # not known yet
+    follower.fork_agreed(2, _agree_with(False))  # rank 0 voted: no fork
+    assert not follower.fork_pending and follower.timeline_name == "main"
+    assert store.timelines().keys() == {"main"}
 
 
-def test_the_first_checkpoint_after_a_resume_reads_no_other_ranks_manifest(tmp_path, monkeypatch):
+def test_the_first_checkpoint_after_a_resume_reads_no_other_ranks_manifest(tmp_path, backend):
     """The step handed over is the delta base of each rank's first commit (from its own pinned
     manifest): finding a base by checking the newest step would read all W manifests on every
     rank, W^2 GETs for the job at its first checkpoint."""
@@ -157,44 +155,33 @@ def test_the_first_checkpoint_after_a_resume_reads_no_other_ranks_manifest(tmp_p
     store = open_store(path, create=True)
     for step in (10, 20):
         _commit(store, step, range(WORLD))
-    zero = _backend(path, 0, monkeypatch)
-    follower = _backend(path, 3, monkeypatch, delta=True)
-    try:
-        assert zero.resume_candidates()[0] == 20
-        payload = zero.hand_over(20)
-        assert follower.newest_step_guess(3) == 20
-        follower.take_over(payload)
-        assert follower.read_step(20, 3, WORLD) is not None
-        Counting.manifests_read.clear()
-        writer = follower._make_writer()
-        stats = writer.commit(30, {"w": np.ones(3, dtype=np.float32), "rank-3": {"seen": 3, "step": 30}})
-        others = [k for k in Counting.manifests_read if not k.endswith("rank-3.json")]
-        assert others == [], others
-        assert stats.reused_chunks > 0  # the handed-over step was the base: "w" was not written again
-        writer.close()
-    finally:
-        zero.close()
-        follower.close()
+    zero = backend(path, 0)
+    follower = backend(path, 3, delta=True)
+    assert zero.resume_candidates()[0] == 20
+    payload = zero.hand_over(20)
+    assert follower.newest_step_guess(3) == 20
+    follower.take_over(payload)
+    assert follower.read_step(20, 3, WORLD) is not None
+    Counting.manifests_read.clear()
+    writer = follower._make_writer()
+    stats = writer.commit(30, {"w": np.ones(3, dtype=np.float32), "rank-3": {"seen": 3, "step": 30}})
+    others = [k for k in Counting.manifests_read if not k.endswith("rank-3.json")]
+    assert others == [], others
+    assert stats.reused_chunks > 0  # the handed-over step was the base: "w" was not written again
+    writer.close()
 
 
-def test_a_step_named_that_is_not_there_stops_every_rank(tmp_path, monkeypatch):
+def test_a_step_named_that_is_not_there_stops_every_rank(tmp_path, backend):
     """``resume: 10`` where retention dropped step 10: rank 0 stops with the error, and so must
     every other rank, before any collective (one left behind waits for rank 0 forever)."""
-    import pytest
-
-    from ravex.format.errors import StepNotFoundError
-
     path = str(tmp_path / "s")
     store = open_store(path, create=True)
     for step in (20, 30):
         _commit(store, step, range(WORLD))
     _commit(store, 40, range(2))  # a partial step is no step to resume either
     for rank in (0, 3):
-        backend = _backend(path, rank, monkeypatch)
-        try:
-            for missing in (10, 40):
-                with pytest.raises(StepNotFoundError, match=f"step {missing} .* not readable"):
-                    backend.resume_point(missing, follow=rank != 0)
-        finally:
-            backend.close()
+        opened = backend(path, rank)
+        for missing in (10, 40):
+            with pytest.raises(StepNotFoundError, match=f"step {missing} .* not readable"):
+                opened.resume_point(missing, follow=rank != 0)
 
