@@ -32,7 +32,7 @@ from .history.timelines import (
 )
 from .maintenance.gc import DEFAULT_GRACE_SECONDS, GCReport, gc
 from .objects.hashing import HASH_NAME
-from .objects.names import check_label, is_decimal, manifest_ranks
+from .objects.names import check_label, is_decimal, manifest_ranks, no_rank_missing
 from .steps.catalog import StepFiles, StepInfo, StoreCatalog
 from .steps.reader import StepReader
 from .storage import RetryPolicy, open_storage
@@ -131,7 +131,7 @@ class CheckpointStore(StoreCatalog):
                 if not in_span(step, floor, ceiling):
                     continue
                 ranks = manifest_ranks(view.storage.list_dir(view.step_dir(step)))
-                if not ranks or ranks != list(range(len(ranks))):
+                if not no_rank_missing(ranks):
                     continue  # a rank's manifest is missing: incomplete whatever the others say
                 if not found:
                     info, manifests = view.check_step(step, ranks)

@@ -12,7 +12,7 @@ real key, so the path only needs to be unique and valid.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from urllib.parse import quote, unquote
 
 from ..errors import BadNameError, UnsafeNameError
@@ -132,3 +132,10 @@ def manifest_ranks(names: Iterable[str]) -> list[int]:
     a step folder's file names, ascending. Other names (temp files, ``rank-01.json``) are not
     manifests."""
     return sorted(int(m.group(1)) for m in map(_MANIFEST_NAME.fullmatch, names) if m)
+
+
+def no_rank_missing(ranks: Sequence[int]) -> bool:
+    """Whether a step folder's listed ``ranks`` (ascending, :func:`manifest_ranks`) are ``0 ..
+    n-1``: a folder missing one is incomplete whatever its manifests say, known without reading
+    any (whether ``n`` is the world size takes rank 0's manifest)."""
+    return bool(ranks) and list(ranks) == list(range(len(ranks)))

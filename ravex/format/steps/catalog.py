@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import ManifestError, RavexError, StepNotFoundError
 from ..history.timelines import MAIN, Timeline
 from ..objects.chunktable import ChunkTable
-from ..objects.names import is_decimal, manifest_key, manifest_ranks, step_dir
+from ..objects.names import is_decimal, manifest_key, manifest_ranks, no_rank_missing, step_dir
 from ..storage import Storage
 from .manifest import Manifest, merge_arrays
 
@@ -138,7 +138,7 @@ class StoreCatalog:
         it is read."""
         if ranks is None:
             ranks = manifest_ranks(self.storage.list_dir(self.step_dir(step)))
-        if not ranks or list(ranks) != list(range(len(ranks))):
+        if not no_rank_missing(ranks):
             return False
         try:
             return self.manifest(step, 0).world_size == len(ranks)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ManifestError, StepNotFoundError
 from ..history.timelines import in_span
-from ..objects.names import is_decimal, manifest_ranks
+from ..objects.names import is_decimal, manifest_ranks, no_rank_missing
 from .manifest import Manifest
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def newest_own_step(catalog: StoreCatalog, rank: int, floor: int | None = None,
                    reverse=True)
     for step in steps[:4]:  # a crashed run leaves at most a partial step or two above the newest
         ranks = manifest_ranks(catalog.storage.list_dir(catalog.step_dir(step)))
-        if ranks != list(range(len(ranks))):
+        if not no_rank_missing(ranks):
             continue  # a rank's manifest is missing: never complete, no manifest read to know it
         source = 0 if ranks and rank > ranks[-1] else rank
         if source not in ranks:
