@@ -20,8 +20,11 @@ separate hash pass of 0.036-0.064 CPU-s over memory (benchmarks/RESULTS.md (h), 
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from ravex.format.objects.hashing import ChunkHasher
+from ravex.format.writing.threads import usable_cores
 
 _copy = np.copyto  # (a name of this module, so that a test can make a piece fail)
 
@@ -38,15 +42,8 @@ _copy = np.copyto  # (a name of this module, so that a test can make a piece fai
 PIECE_BYTES = 8 << 20
 #: The page size: what one store faults in
 PAGE_BYTES = mmap.PAGESIZE
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # a CPU-limited container: the cores it may use
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 #: Helper threads (besides the caller); at most 3: memory bandwidth, not cores, is the limit.
-HELPERS = max(0, min(3, _usable_cores() - 1))
+HELPERS = max(0, min(3, usable_cores() - 1))
 #: Below this many bytes in one stage the caller copies alone (waking a helper costs more).
 PARALLEL_MIN_BYTES = 4 * PIECE_BYTES
 #: A chunk hashed as it is copied goes in blocks of this size: each is hashed while it is in
@@ -161,8 +158,40 @@ class Copier:
 
 
 def touch(piece: np.ndarray) -> None:
-    """Fault in every page of a new buffer's bytes: one byte stored per page (the kernel zeroes the rest)."""
-    piece[::PAGE_BYTES] = 0
+    """Fault in every page of a new buffer's bytes: one ``madvise(MADV_POPULATE_WRITE)`` call
+    where the kernel has it (Linux 5.14 on), which faults the range in without a trap per page
+    and leaves the bytes as they are; else one byte stored per page (the kernel zeroes the rest)."""
+    if not _populate(piece):
+        piece[::PAGE_BYTES] = 0
+
+
+#: ``madvise`` advice: fault pages in writable, as a write would, without writing (Linux 5.14)
+MADV_POPULATE_WRITE = 23
+_madvise: Any = None  # libc's madvise once looked up; False where it is not there or refused the advice
+
+
+def _populate(piece: np.ndarray) -> bool:
+    """Whether the kernel faulted in the pages under ``piece`` (the pages it starts and ends in whole:
+    they belong to the same mapping, and populating changes no byte)."""
+    global _madvise
+    if _madvise is None:
+        _madvise = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).madvise
+                fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+                _madvise = fn
+            except (OSError, AttributeError):
+                pass
+    if _madvise is False or piece.nbytes == 0:
+        return False
+    start = piece.ctypes.data - piece.ctypes.data % PAGE_BYTES
+    end = piece.ctypes.data + piece.nbytes
+    if _madvise(start, end - start, MADV_POPULATE_WRITE) == 0:
+        return True
+    if ctypes.get_errno() == errno.EINVAL:  # a kernel without the advice: never asked again
+        _madvise = False
+    return False
 
 
 def _copy_piece(piece: _Piece) -> None:

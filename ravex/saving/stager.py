@@ -15,16 +15,16 @@ Everything after that runs on the writer thread (:mod:`ravex.saving.writer_threa
 
 **Staging memory made ready before the first checkpoint** (:meth:`Stager.prepare`). The
 first checkpoint of a process would otherwise fault in every page of its buffers while the
-loop waits: 1.2 s per GiB on these VMs against 0.1 s for the later checkpoints (issue 26).
-The runtime hands the stager the sizes of the state's tensors at the first training step;
-a background thread allocates and touches those buffers then, one store per page, and the
-first stage takes them by size. Faulting pages in is CPU (1.7 CPU-s per GiB measured here,
-mostly the hypervisor backing fresh guest memory): on a machine whose cores training keeps
-busy, a thread of normal priority doing it slows the training loop by about what it saves
-the first stall. So the thread runs as ``SCHED_IDLE`` (nice 19 where that is refused): it
-takes only what training leaves idle. If the first checkpoint comes before it is done, the
-stage stops it after the piece in hand, takes what is ready and allocates the rest itself,
-as it always did: the first stall is never longer than without it.
+loop waits: 0.24 s per GiB on these VMs, in mappings of their own populated by one ``madvise``
+call (:mod:`.staging.buffers`; 0.6-2.4 s per GiB where the kernel compacted memory for huge
+pages), against 0.1 s for the later checkpoints' copy. The runtime hands the stager the sizes
+of the state's tensors at the first training step; a background thread allocates and faults
+in those buffers then, and the first stage takes them by size. Faulting pages in is CPU: on
+a machine whose cores training keeps busy, a thread of normal priority doing it slows the
+training loop by about what it saves the first stall. So the thread runs as ``SCHED_IDLE``
+(nice 19 where that is refused): it takes only what training leaves idle. If the first
+checkpoint comes before it is done, the stage stops it after the piece in hand, takes what is
+ready and allocates the rest itself: the first stall is never longer than without it.
 
 **Digests computed as the bytes are copied.** For the format backend, each large CPU tensor
 is copied chunk by chunk as the writer will chunk it (``ravex.format.writing.planning.hashed_chunk_len``)

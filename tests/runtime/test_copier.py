@@ -3,15 +3,21 @@ run never holds the training thread."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import multiprocessing
+import sys
 import threading
 
 import numpy as np
+import pytest
 import torch
 
+from ravex.format.storage.direct import ALIGN
 from ravex.saving import copier as _copier
 from ravex.saving.copier import PIECE_BYTES, Copier, byte_view
 from ravex.saving.stager import Stager
+from ravex.saving.staging.buffers import MAPPED_MIN_BYTES, _aligned_block
 
 
 def _pairs(sizes: list[int], seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -131,3 +137,42 @@ def test_a_failed_copy_stops_the_helpers_before_the_error_reaches_the_caller(mon
     finished = len(done)
     copier.close()  # waits for any helper work still running
     assert len(done) == finished < 64  # nothing ran after run() raised; the helpers stopped early
+
+
+def _resident_bytes(block: np.ndarray) -> int:
+    """How many of the pages under ``block`` (page-aligned) are resident: ``mincore(2)``."""
+    pages = -(-block.nbytes // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(block.ctypes.data, block.nbytes, vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore and madvise through libc are Linux's")
+@pytest.mark.parametrize("populate", [True, False], ids=["madvise", "a store per page"])
+def test_a_large_staging_block_is_a_mapping_of_its_own_that_touch_faults_in(monkeypatch, populate):
+    """A staging block from 1 MiB on starts on a page, none of its pages resident until ``touch``
+    faults every one in: with ``MADV_POPULATE_WRITE`` where the kernel has it, else a store per
+    page; then the whole block is writable."""
+    if not populate:
+        monkeypatch.setattr(_copier, "_madvise", False)
+    nbytes = MAPPED_MIN_BYTES * 8 + 12345
+    block = _aligned_block(nbytes).numpy()
+    assert block.nbytes == nbytes and block.ctypes.data % ALIGN == 0 and block.flags.writeable
+    assert _resident_bytes(block) == 0
+    for at in range(0, nbytes, PIECE_BYTES // 4):
+        _copier.touch(block[at:at + PIECE_BYTES // 4])
+    assert _resident_bytes(block) >= nbytes
+    block[:] = 7  # the whole block is ours to write
+    assert int(block.min()) == 7
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise through libc is Linux's")
+def test_populating_changes_no_byte_of_a_buffer_in_use():
+    """``touch`` through ``madvise`` may cover the pages a piece starts and ends in whole: the
+    bytes around it, and its own, stay as they were."""
+    data = np.arange(5 * 4096, dtype=np.uint8)
+    before = data.copy()
+    assert _copier._populate(data[100:3 * 4096 + 5]) in (True, False)
+    assert np.array_equal(data, before)
