@@ -57,6 +57,7 @@ from .planning import (
     zarr_json,
 )
 from .stats import CommitStats, Timings
+from .threads import DEFAULT_THREADS, writer_threads
 
 if TYPE_CHECKING:
     from ..steps.catalog import StoreCatalog
@@ -77,7 +78,6 @@ PACK_MAX_CHUNK_BYTES = 256 << 10
 #: changed, as in training, which leaves at most ``1 - PACK_LIVE_TARGET`` of a pack dead after GC.
 PACK_LIVE_TARGET = 0.9
 PACK_LIVE_FLOOR = 0.5
-DEFAULT_THREADS = 4
 
 #: importable from here as before the planning and the figures had modules of their own
 __all__ = [
@@ -120,7 +120,8 @@ class StepWriter:
         self.compression = compression
         self.chunk_bytes = int(chunk_bytes or DEFAULT_CHUNK_BYTES)
         self.run = run or uuid.uuid4().hex
-        self._pool = ThreadPoolExecutor(max_workers=threads or DEFAULT_THREADS, thread_name_prefix="ravex-write")
+        threads = threads or writer_threads(store.storage.is_local_filesystem)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ravex-write")
         self.delta = delta  # False: every commit stores every chunk anew (no reuse)
         #: False: every array's chunks as a JSON map, readable by 1.0 and 1.1 readers (spec §16)
         self.tables = tables
