@@ -44,23 +44,27 @@ GOALS: list[tuple[str, str, Any, str, float]] = [
      lambda r: r["h_goodput"]["modes"]["full"]["ratios"]["ravex_over_dcp_async"], "<=", 0.3),
     ("(h) the user's loop, Ravex's own cadence: lost per checkpoint, Ravex / DCP async_save", "<= 0.3x",
      lambda r: r["h_goodput"]["modes"]["loop"]["ratios"]["ravex_over_dcp_async"], "<=", 0.3),
-    ("(h) the user's loop: Ravex / copy + O_DIRECT write (the floor of writing the bytes)", "<= 1.2x",
-     lambda r: r["h_goodput"]["modes"]["loop"]["ratios"]["ravex_over_copy_write"], "<=", 1.2),
+    ("(h) the user's loop, in the process: Ravex / copy + O_DIRECT write (the floor of writing the bytes)",
+     "<= 1.2x", lambda r: r["h_goodput"]["modes"]["loop"]["ratios"]["in_process_ravex_over_copy_write"], "<=", 1.2),
 ]
 
 
 def _loop_table(c: dict[str, Any], m: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
     """(h) as the user's loop sees it: whole runs against the unchecked loop, per round."""
     lost = m["lost_per_checkpoint_s"]
-    floor = lost.get("copy + O_DIRECT write")
+    inside = m.get("in_process_lost_per_checkpoint_s", {})
+    floor = inside.get("copy + O_DIRECT write")
     return (f"(h) the user's loop (Ravex's own cadence, a checkpoint every {c['every']} steps, keep_last 2): "
-            f"whole run less the unchecked run, per checkpoint, median of {c['reps']} rounds (iteration "
+            f"whole run less the unchecked run, per checkpoint, median of {c['reps']} rounds; in the process: "
+            f"its iterations over its own plain ones, and the wait at the end (iteration "
             f"{_f(m['iteration_s'])} s; Ravex's stall first {_f(m.get('ravex_first_stall_s'))} s, later "
             f"{_f(m.get('ravex_later_stall_s'))} s)",
-            ["contender", "lost s / checkpoint", "per round", "checkpoint iteration +s", "next iteration +s",
-             "/ copy + write"],
-            [[n, _f(v), " ".join(_f(x) for x in m["lost_per_round_s"][n]), _f(m["checkpoint_iteration_over_s"][n]),
-              _f(m["next_iteration_over_s"][n]), _f(v / floor, ".2f") + "x" if floor and floor > 0 else "-"]
+            ["contender", "lost s / checkpoint", "per round", "in the process", "per round",
+             "checkpoint iteration +s", "next iteration +s", "/ copy + write, in the process"],
+            [[n, _f(v), " ".join(_f(x) for x in m["lost_per_round_s"][n]), _f(inside.get(n)),
+              " ".join(_f(x) for x in m.get("in_process_lost_per_round_s", {}).get(n, [])),
+              _f(m["checkpoint_iteration_over_s"][n]), _f(m["next_iteration_over_s"][n]),
+              _f(inside[n] / floor, ".2f") + "x" if floor and floor > 0 and n in inside else "-"]
              for n, v in lost.items()])
 
 

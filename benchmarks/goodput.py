@@ -51,8 +51,14 @@ CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save", "copy + O_DI
 #: (``--ab NAME,...``; ``--ab all``).
 VARIANTS: dict[str, dict[str, Any]] = {
     "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
-    "ravex, 2 writer threads": {"ravex.format.writing.writer:DEFAULT_THREADS": 2},
-    "ravex, 8 writer threads": {"ravex.format.writing.writer:DEFAULT_THREADS": 8},
+    # issue 35: a local disk's commit threads (by default one per two usable cores, at most 4)
+    "ravex, 1 writer thread": {"ravex.format.writing.threads:LOCAL_THREADS": 1},
+    "ravex, 2 writer threads": {"ravex.format.writing.threads:LOCAL_THREADS": 2},
+    "ravex, 4 writer threads": {"ravex.format.writing.threads:LOCAL_THREADS": 4},
+    "ravex, 8 writer threads": {"ravex.format.writing.threads:LOCAL_THREADS": 8},
+    # issue 35: fewer, larger objects (a 64 MiB tensor in one chunk instead of four)
+    "ravex, 64 MiB chunks": {"ravex.format.writing.writer:DEFAULT_CHUNK_BYTES": 64 << 20,
+                             "ravex.saving.stager:DEFAULT_CHUNK_BYTES": 64 << 20},
     # issue 26: staging memory faulted in before the first checkpoint, on idle cores (as shipped),
     # at normal priority, or not at all
     "ravex, prepare at normal priority": {"ravex.saving.stager:PREPARE_IDLE": False},
@@ -118,15 +124,18 @@ def _state(model: Any, opt: Any) -> dict[str, Any]:
 
 
 class _BareCopy:
-    """The floor: a copy of what changed into buffers allocated and faulted in beforehand."""
+    """The floor: a copy of what changed (each trainable parameter and AdamW's two moments of
+    it) into buffers allocated and faulted in beforehand. The moments are looked up at each
+    checkpoint: the user's loop (``--modes loop``) builds this before the first step creates them."""
 
     def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
-        import torch
+        self.opt = opt
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.dst = [self._buffer(p) for p in self.params for _ in range(3)]
 
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        moments = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim]
-        self.src = [t.detach() for t in trainable + moments]
-        self.dst = [self._buffer(t) for t in self.src]
+    def _sources(self) -> list[Any]:
+        return [t.detach() for p in self.params
+                for t in (p, self.opt.state[p]["exp_avg"], self.opt.state[p]["exp_avg_sq"])]
 
     def _buffer(self, t: Any) -> Any:
         """A buffer for ``t``'s bytes, faulted in now."""
@@ -135,7 +144,7 @@ class _BareCopy:
         return torch.zeros_like(t)
 
     def checkpoint(self, step: int) -> None:
-        for s, d in zip(self.src, self.dst, strict=True):
+        for s, d in zip(self._sources(), self.dst, strict=True):
             d.copy_(s)
 
     def finish(self) -> None:
@@ -235,26 +244,33 @@ class _DcpAsync:
         self._wait()
 
 
+def apply_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A variant's :data:`VARIANTS` entry set on Ravex's modules (before ``activate()``); the
+    ``activate:`` keywords it names, returned for the call."""
+    import importlib
+
+    keywords: dict[str, Any] = {}
+    for target, value in settings.items():
+        module, attr = target.split(":")
+        if module == "activate":
+            keywords[attr] = value
+            continue
+        owner: Any = importlib.import_module(module)
+        *outer, last = attr.split(".")
+        for name in outer:  # "Class.ATTRIBUTE"
+            owner = getattr(owner, name)
+        setattr(owner, last, value)
+    return keywords
+
+
 class _Ravex:
     """``ravex.activate()`` on the live model and optimizer; each checkpoint is ``ravex.checkpoint()``
     at the step boundary (what the cadence does at the next forward pass), ``finish`` is ``ravex.flush()``."""
 
     def __init__(self, model: Any, opt: Any, spec: dict[str, Any]) -> None:
-        import importlib
-
         import ravex
 
-        keywords: dict[str, Any] = {}
-        for target, value in spec.get("settings", {}).items():
-            module, attr = target.split(":")
-            if module == "activate":
-                keywords[attr] = value
-                continue
-            owner: Any = importlib.import_module(module)
-            *outer, last = attr.split(".")
-            for name in outer:  # "Class.ATTRIBUTE"
-                owner = getattr(owner, name)
-            setattr(owner, last, value)
+        keywords = apply_settings(spec.get("settings", {}))
         self.ravex = ravex
         ravex.activate(storage=os.path.join(spec["dir"], "ravex"), checkpoint_every=None, keep_last=2,
                        resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[], log_level="WARNING",

@@ -37,7 +37,7 @@ import time
 import warnings
 from typing import Any
 
-from .goodput import _KINDS, PEERS, Config, _build, _rounded, run_child
+from .goodput import _KINDS, PEERS, VARIANTS, Config, _build, _rounded, apply_settings, run_child
 
 BASELINE = "no checkpoint"
 CONTENDERS = (BASELINE, "bare copy", "copy + O_DIRECT write", "ravex", "dcp.async_save", "torch.save")
@@ -65,15 +65,16 @@ def loop_child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     name, every = spec["contender"], spec["every"]
+    is_ravex = name == "ravex" or name in VARIANTS
     lines = _StallLines()
-    if name == "ravex":
+    if is_ravex:
         import ravex
 
         logging.getLogger("ravex").addHandler(lines)
         ravex.activate(storage=os.path.join(spec["dir"], "ravex"), checkpoint_every=every, keep_last=2,
-                       resume="never", checkpoint_on_exit=False)
+                       resume="never", checkpoint_on_exit=False, **apply_settings(VARIANTS.get(name, {})))
     model, opt = _build({**spec, "mode": "full"})
-    ck = None if name in (BASELINE, "ravex") else _KINDS[name](model, opt, spec)
+    ck = None if name == BASELINE or is_ravex else _KINDS[name](model, opt, spec)
     gen = torch.Generator().manual_seed(1)
     iterations = spec["warmup"] + spec["checkpoints"] * every
     seconds: list[float] = []
@@ -91,14 +92,14 @@ def loop_child(spec: dict[str, Any]) -> dict[str, Any]:
     t1 = time.perf_counter()
     if ck is not None:
         ck.finish()
-    elif name == "ravex":
+    elif is_ravex:
         import ravex
 
         ravex.flush()
     t2 = time.perf_counter()
     out: dict[str, Any] = {"iteration_s": seconds, "loop_s": t1 - t0, "finish_s": t2 - t1, "total_s": t2 - t0,
                            "stalls_s": lines.stalls}
-    if name == "ravex":
+    if is_ravex:
         import ravex
 
         st = ravex.status()
@@ -116,14 +117,28 @@ def _run_one(cfg: Config, name: str) -> dict[str, Any]:
     return run_child("benchmarks.goodput_loop", spec, f"goodput loop child {name!r}")
 
 
+def _checkpoint_indices(cfg: Config, name: str) -> list[int]:
+    """The iterations that take a checkpoint. Ravex's cadence takes step ``k * every``'s at the
+    next forward pass, the others right after that step's ``optimizer.step()``, in its own iteration."""
+    return [k * cfg.every - (name != "ravex" and name not in VARIANTS) for k in range(1, cfg.checkpoints + 1)]
+
+
+def _own_plain(cfg: Config, name: str, seconds: list[float]) -> float:
+    """The median of this process's own plain iterations: past the warmup, neither one that took a
+    checkpoint nor the one after (for the baseline, every iteration past the warmup)."""
+    taking = set() if name == BASELINE else set(_checkpoint_indices(cfg, name))
+    for busy in ({j for i in taking for j in (i, i + 1)}, taking, set()):  # fewer left out where none is plain
+        plain = [x for i, x in enumerate(seconds) if i >= cfg.warmup and i not in busy]
+        if plain:
+            return statistics.median(plain)
+    return statistics.median(seconds)
+
+
 def _checkpoint_iterations(cfg: Config, name: str, seconds: list[float],
                            plain: float) -> tuple[list[float], list[float]]:
-    """Per checkpoint: how much longer than ``plain`` the iteration that took it ran, and the
-    one after. Ravex's cadence takes step ``k * every``'s checkpoint at the next forward pass,
-    the others right after that step's ``optimizer.step()``, in its own iteration."""
+    """Per checkpoint: how much longer than ``plain`` the iteration that took it ran, and the one after."""
     firsts, seconds_after = [], []
-    for k in range(1, cfg.checkpoints + 1):
-        i = k * cfg.every - (name != "ravex")
+    for i in _checkpoint_indices(cfg, name):
         if i < len(seconds):
             firsts.append(seconds[i] - plain)
         if i + 1 < len(seconds):
@@ -134,7 +149,7 @@ def _checkpoint_iterations(cfg: Config, name: str, seconds: list[float],
 def run_loop(cfg: Config) -> dict[str, Any]:
     """Every contender of :data:`CONTENDERS` (those ``cfg.contenders`` names, and always the
     baseline) in ``cfg.reps`` rounds; the loss per checkpoint of each against the baseline."""
-    names = [BASELINE, *(n for n in CONTENDERS if n != BASELINE and n in cfg.contenders)]
+    names = [BASELINE, *(n for n in CONTENDERS if n != BASELINE and n in cfg.contenders), *cfg.variants]
     cfg.log(f"goodput loop: {3 * cfg.layers * (cfg.width * cfg.width + cfg.width) * 4 / (1 << 30):.3f} GiB state, "
             f"a checkpoint every {cfg.every} steps, {cfg.checkpoints} checkpoints, {cfg.reps} round(s) ...")
     rounds: list[dict[str, dict[str, Any]]] = []
@@ -145,10 +160,18 @@ def run_loop(cfg: Config) -> dict[str, Any]:
         plain = statistics.median(base["iteration_s"])
         for name, r in got.items():
             r["lost_per_checkpoint_s"] = (r["total_s"] - base["total_s"]) / cfg.checkpoints
+            # the same inside the one process: its whole time past the warmup (Ravex's stalls at the
+            # loop's head fall between the timed iterations) over as many of its own plain
+            # iterations (a process that runs 5% faster throughout is not a checkpointer's gain)
+            own = _own_plain(cfg, name, r["iteration_s"])
+            past = r["total_s"] - sum(r["iteration_s"][:cfg.warmup])
+            r["in_process_lost_per_checkpoint_s"] = (
+                past - own * (len(r["iteration_s"]) - cfg.warmup)) / cfg.checkpoints
             r["first_iteration_over_s"], r["next_iteration_over_s"] = _checkpoint_iterations(
-                cfg, name, r["iteration_s"], plain)
+                cfg, name, r["iteration_s"], own)
             if name != BASELINE:
-                cfg.log(f"  round {rep + 1}/{cfg.reps} {name:<24} lost {r['lost_per_checkpoint_s']:6.3f} s/ckpt; "
+                cfg.log(f"  round {rep + 1}/{cfg.reps} {name:<34} lost {r['lost_per_checkpoint_s']:6.3f} s/ckpt "
+                        f"(in the process {r['in_process_lost_per_checkpoint_s']:.3f}); "
                         f"whole loop {r['total_s']:.2f} s against {base['total_s']:.2f}; checkpoint iteration "
                         f"+{statistics.median(r['first_iteration_over_s']):.3f} s, next "
                         f"+{statistics.median(r['next_iteration_over_s']):.3f} s (iteration {plain:.3f} s"
@@ -157,8 +180,11 @@ def run_loop(cfg: Config) -> dict[str, Any]:
         rounds.append(got)
     lost = {n: round(statistics.median(r[n]["lost_per_checkpoint_s"] for r in rounds), 4) for n in names[1:]}
     per_round = {n: [round(r[n]["lost_per_checkpoint_s"], 4) for r in rounds] for n in names[1:]}
+    inside = {n: [round(r[n]["in_process_lost_per_checkpoint_s"], 4) for r in rounds] for n in names[1:]}
     entry: dict[str, Any] = {
         "lost_per_checkpoint_s": lost, "lost_per_round_s": per_round,
+        "in_process_lost_per_checkpoint_s": {n: round(statistics.median(v), 4) for n, v in inside.items()},
+        "in_process_lost_per_round_s": inside,
         "iteration_s": round(statistics.median(statistics.median(r[BASELINE]["iteration_s"]) for r in rounds), 4),
         "checkpoint_iteration_over_s": {n: round(statistics.median(x for r in rounds for x in
                                                                    r[n]["first_iteration_over_s"]), 4)
@@ -178,6 +204,11 @@ def run_loop(cfg: Config) -> dict[str, Any]:
             f"ravex_over_{key}": [round(a / b, 3) if b > 0 else None for a, b in zip(per_round["ravex"],
                                                                                        per_round[peer], strict=True)]
             for peer, key in PEERS if peer in per_round}
+        mid = entry["in_process_lost_per_checkpoint_s"]
+        entry["ratios"].update({f"in_process_ravex_over_{key}": round(mid["ravex"] / mid[peer], 3)
+                                if mid[peer] > 0 else None for peer, key in PEERS if peer in mid})
+        for v in cfg.variants:
+            entry["ratios"][f"{v}_over_ravex"] = round(lost[v] / lost["ravex"], 3) if lost["ravex"] > 0 else None
     return entry
 
 
