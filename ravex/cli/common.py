@@ -106,6 +106,22 @@ def _looks_like_timeline(text: str) -> bool:
     return "/" not in text and os.sep not in text and "://" not in text and not os.path.exists(text)
 
 
+def _configured_options(url: str) -> dict[str, Any] | None:
+    """The ``storage_options`` of ``./ravex.yaml`` (or ``$RAVEX_*``) where its storage has the same
+    scheme as ``url``: ``ravex ls s3://other-bucket/run`` reaches the endpoint, region and keys the
+    training was given. None where nothing is configured, the scheme differs or the configuration
+    does not load (a store named outright does not need it)."""
+    from ravex.errors import ConfigError
+
+    try:
+        configured, opts = default_store()
+    except (ConfigError, OSError):
+        return None
+    if opts and configured.split("://", 1)[0] == url.split("://", 1)[0]:
+        return opts
+    return None
+
+
 def open_store_for(url: str | None) -> CheckpointStore:
     """Open the named store (or the default one); every failure becomes a one-line UsageError."""
     from ravex.format import RavexError, StoreNotFoundError, open_store
@@ -116,6 +132,8 @@ def open_store_for(url: str | None) -> CheckpointStore:
         url, opts = default_store()
     elif "://" not in url:
         url = os.path.abspath(os.path.expanduser(url))
+    else:
+        opts = _configured_options(url)
     try:
         return open_store(url, storage_options=opts)
     except StoreNotFoundError:
@@ -202,10 +220,14 @@ def progress_bar(label: str) -> Iterator[Progress]:
 # ---- arguments ------------------------------------------------------------------------------
 
 
+#: what every ``STORE`` argument says
+STORE_HELP = ("store path or URL (default: $RAVEX_STORAGE, ravex.yaml's storage, ./checkpoints); a URL "
+              "named takes ravex.yaml's endpoint, region and keys when its scheme is the same")
+
+
 def store_argument(p: argparse.ArgumentParser) -> None:
     """The optional ``STORE`` of a verb that reads a whole store."""
-    p.add_argument("store", nargs="?", metavar="STORE",
-                   help="store path or URL (default: $RAVEX_STORAGE, ravex.yaml's storage, ./checkpoints)")
+    p.add_argument("store", nargs="?", metavar="STORE", help=STORE_HELP)
 
 
 def step_argument(p: argparse.ArgumentParser) -> None:

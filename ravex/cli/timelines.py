@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 from ravex.tui.formatting import one_line
 
-from .common import EXIT_OK, UsageError, Verb, console, json_argument, open_store_for, print_json, split_step
+from .common import (
+    EXIT_OK,
+    STORE_HELP,
+    UsageError,
+    Verb,
+    console,
+    json_argument,
+    open_store_for,
+    print_json,
+    split_step,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -174,8 +184,7 @@ def _tag_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", metavar="NAME", help="the tag's name (letters, digits, . _ -)")
     p.add_argument("step", nargs="?", metavar="STEP", help="the step it names: 100, latest, TIMELINE@100, STORE@100")
     p.add_argument("--delete", metavar="NAME", default=None, help="delete this tag (its step may then be collected)")
-    p.add_argument("--store", metavar="STORE", default=None,
-                   help="store path or URL (default: $RAVEX_STORAGE, ravex.yaml's storage, ./checkpoints)")
+    p.add_argument("--store", metavar="STORE", default=None, help=STORE_HELP)
     json_argument(p)
 
 

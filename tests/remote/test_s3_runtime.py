@@ -224,3 +224,23 @@ def test_cli_verbs_over_s3(trained):
     rc, report = _cli("validate", "--json", "--full", url, env=env)
     assert rc == 0 and report["ok"] and report["steps_checked"] == [36], report
     assert "orphan_object" not in {f["kind"] for f in report["findings"]}, report
+
+
+def test_a_url_named_to_the_cli_takes_the_endpoint_of_ravex_yaml(trained, tmp_path):
+    """``ravex ls s3://...`` in a folder whose ``ravex.yaml`` gives an S3 endpoint (no
+    ``AWS_ENDPOINT_URL``): the listing comes from that endpoint. Without the file the same
+    command cannot reach the server: one line, a non-zero exit."""
+    env = harness.child_env(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, COLUMNS="200")
+    env.pop("AWS_ENDPOINT_URL", None)
+    env.pop("RAVEX_STORAGE", None)
+    other = f"s3://{BUCKET}/some-other-run"
+    (tmp_path / "ravex.yaml").write_text(
+        f"storage:\n  url: {other}\n  endpoint: {trained.proxy.url}\n  region: us-east-1\n  path_style: true\n")
+    cmd = [sys.executable, "-m", "ravex", "ls", "--json", trained.url]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [row["step"] for row in json.loads(proc.stdout)["steps"]][-1] == 36
+    (tmp_path / "ravex.yaml").unlink()
+    bare = dict(env, AWS_MAX_ATTEMPTS="1", AWS_METADATA_SERVICE_NUM_ATTEMPTS="1")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=bare, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
