@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                    "core idle, as a GPU-bound loop does)")
     g.add_argument("--contenders", help="comma list (default: bare copy,ravex,dcp.async_save,torch.save)")
     g.add_argument("--ab", help="also Ravex variants, comma list (page cache,1 writer thread,2 writer threads,"
-                                "4 writer threads,8 writer threads,64 MiB chunks,prepare at normal priority,"
+                                "4 writer threads,8 writer threads,64 MiB chunks,1 sync thread,witness off,"
+                                "prepare at normal priority,"
                                 "no prepare,hash after copying,staging cap 256 MiB) or all")
     g.add_argument("--dir", default=tempfile.gettempdir(), help="scratch folder on the disk under test")
     g.add_argument("--out", help="JSON path; default benchmarks/out/goodput[-quick].json")

@@ -51,6 +51,10 @@ CONTENDERS = ("bare copy", "ravex", "dcp.async_save", "torch.save", "copy + O_DI
 #: (``--ab NAME,...``; ``--ab all``).
 VARIANTS: dict[str, dict[str, Any]] = {
     "ravex, page cache": {"ravex.format.storage.local:LocalStorage.DIRECT": False},
+    # issue 35: the write's interference: one thread fsyncing the commit's objects (8 by default),
+    # and the resume witness off (its recording after each checkpoint)
+    "ravex, 1 sync thread": {"ravex.format.storage.local:LocalStorage.SYNC_THREADS": 1},
+    "ravex, witness off": {"activate:witness": "off"},
     # issue 35: a local disk's commit threads (by default one per two usable cores, at most 4)
     "ravex, 1 writer thread": {"ravex.format.writing.threads:LOCAL_THREADS": 1},
     "ravex, 2 writer threads": {"ravex.format.writing.threads:LOCAL_THREADS": 2},
