@@ -247,6 +247,18 @@ def _tiers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu(args: argparse.Namespace) -> int:
+    from . import gpu
+
+    res: dict[str, Any] = _header("gpu", args)
+    res.update(gpu.run(args.device, args.quick, args.parts.split(","), log=lambda line: print(line, file=sys.stderr)))
+    out = args.out or os.path.join(HERE, "out", "gpu-quick.json" if args.quick else "gpu.json")
+    _write_json(res, out)
+    print(gpu.table(res))
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     with open(args.json) as f:
         res = json.load(f)
@@ -330,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="scratch folder (the local tiers) on the disk under test")
     t.add_argument("--out", help="JSON path; default benchmarks/out/tiers[-quick].json")
     t.set_defaults(func=_tiers)
+    u = sub.add_parser("gpu", help="issue 34 on one device: exact resume (bf16, fp16 + GradScaler), the witness "
+                       "without determinism, goodput against DCP, the stall against a pinned device-to-host "
+                       "copy, restore against torch.load")
+    u.add_argument("--device", default="cuda", help="cuda (default) or cpu (a rehearsal)")
+    u.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
+    u.add_argument("--parts", default="resume,goodput,stall", help="comma list: resume,goodput,stall")
+    u.add_argument("--out", help="JSON path; default benchmarks/out/gpu[-quick].json")
+    u.set_defaults(func=_gpu, dir=tempfile.gettempdir())
     r = sub.add_parser("report", help="print the tables of a saved JSON run")
     r.add_argument("json")
     r.add_argument("--markdown", action="store_true")

@@ -92,6 +92,8 @@ class Config:
     #: torch's intra-op threads in the loop; None: torch's default (every core). 1 on this
     #: 2-core machine leaves a core idle, as a GPU-bound loop leaves the host's cores
     threads: int | None = None
+    #: where the model trains (``python -m benchmarks gpu`` runs the loop mode on ``cuda``)
+    device: str = "cpu"
     reps: int = 1
     modes: tuple[str, ...] = MODES
     contenders: tuple[str, ...] = CONTENDERS
@@ -117,6 +119,7 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
     else:
         frozen, n = spec["frozen_layers"]
     model = torch.nn.Sequential(*[torch.nn.Linear(spec["width"], spec["width"]) for _ in range(n)])
+    model = model.to(spec.get("device", "cpu"))
     for layer in list(model)[:frozen]:
         layer.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
@@ -142,14 +145,18 @@ class _BareCopy:
                 for t in (p, self.opt.state[p]["exp_avg"], self.opt.state[p]["exp_avg_sq"])]
 
     def _buffer(self, t: Any) -> Any:
-        """A buffer for ``t``'s bytes, faulted in now."""
+        """A buffer for ``t``'s bytes in host memory, faulted in now (pinned for a CUDA tensor)."""
         import torch
 
-        return torch.zeros_like(t)
+        return torch.zeros(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
 
     def checkpoint(self, step: int) -> None:
+        import torch
+
         for s, d in zip(self._sources(), self.dst, strict=True):
-            d.copy_(s)
+            d.copy_(s, non_blocking=s.is_cuda)
+        if self.params[0].is_cuda:
+            torch.cuda.synchronize()
 
     def finish(self) -> None:
         pass

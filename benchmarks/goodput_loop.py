@@ -75,19 +75,23 @@ def loop_child(spec: dict[str, Any]) -> dict[str, Any]:
                        resume="never", checkpoint_on_exit=False, **apply_settings(VARIANTS.get(name, {})))
     model, opt = _build({**spec, "mode": "full"})
     ck = None if name == BASELINE or is_ravex else _KINDS[name](model, opt, spec)
-    gen = torch.Generator().manual_seed(1)
+    device = spec.get("device", "cpu")
+    cuda = device != "cpu"
+    gen = torch.Generator(device=device).manual_seed(1)
     iterations = spec["warmup"] + spec["checkpoints"] * every
     seconds: list[float] = []
     t0 = time.perf_counter()
     for i in range(iterations):
         t = time.perf_counter()
-        x = torch.randn(spec["batch"], spec["width"], generator=gen)
+        x = torch.randn(spec["batch"], spec["width"], generator=gen, device=device)
         model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
         step = i + 1
         if ck is not None and step % every == 0 and step // every <= spec["checkpoints"]:
             ck.checkpoint(step)
+        if cuda:  # the iteration's kernels done, not only queued
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - t)
     t1 = time.perf_counter()
     if ck is not None:
@@ -113,7 +117,8 @@ def loop_child(spec: dict[str, Any]) -> dict[str, Any]:
 def _run_one(cfg: Config, name: str) -> dict[str, Any]:
     folder = tempfile.mkdtemp(prefix="goodput-loop-", dir=cfg.scratch)
     spec = {"width": cfg.width, "layers": cfg.layers, "batch": cfg.batch, "checkpoints": cfg.checkpoints,
-            "every": cfg.every, "warmup": cfg.warmup, "threads": cfg.threads, "contender": name, "dir": folder}
+            "every": cfg.every, "warmup": cfg.warmup, "threads": cfg.threads, "device": cfg.device,
+            "contender": name, "dir": folder}
     return run_child("benchmarks.goodput_loop", spec, f"goodput loop child {name!r}")
 
 
