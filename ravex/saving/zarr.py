@@ -141,7 +141,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
                 f"run on several machines: a step there is never complete. Drop 'local:' (every "
                 f"checkpoint goes to {durable.url!r}) or run on one machine")
         local = open_store(local_path, create=True)
-        fetch(local, durable, self.rank)
+        fetch(local, durable)
         self.persister = Persister(durable, self.config.persist_every, self.config.persist_keep_last, self.rank)
         return local
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -91,6 +92,11 @@ class Storage(ABC):
 
     def sync(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Make every completed ``write`` and ``publish`` durable. Called before a manifest is written."""
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Held by one process of this machine at a time, for work its processes share (the
+        ranks of one machine fetching a step into their local tier). Default: no lock."""
+        return nullcontext()
 
     def create(self, key: str, data: BytesLike) -> bool:
         """Write a small document once: False, writing nothing, if ``key`` exists. Timelines and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -11,6 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from . import atomic, direct
 from .base import BytesLike, ObjectInfo, PendingWrite, Storage
 from .faults import storage_error
+
+try:
+    import fcntl
+
+    _FLOCK = True
+except ImportError:  # Windows
+    _FLOCK = False
 
 
 class LocalStorage(Storage):
@@ -176,6 +184,20 @@ class LocalStorage(Storage):
         with self._lock:
             self._made.add(folder)
             self._dirty.update(os.path.dirname(c) for c in created)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """``flock`` on the store's folder (no file is created): the processes of this machine
+        take turns. Where ``fcntl`` is missing (Windows), no lock."""
+        if not _FLOCK:
+            yield
+            return
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # (closing the descriptor releases the lock)
 
     def sync(self) -> None:
         with self._lock:

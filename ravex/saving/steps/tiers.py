@@ -175,27 +175,28 @@ def newer_in_durable(local: CheckpointStore, durable: CheckpointStore) -> tuple[
     return owner, step
 
 
-def fetch(local: CheckpointStore, durable: CheckpointStore, rank: int) -> int | None:
-    """Copy the durable tier's newer step into the local tier (:func:`newer_in_durable`), every
-    rank's manifests (each rank of one machine does it, so each reads its resume complete from
-    its own copy: the copies are of the same bytes), and this rank's witness of it; the step
-    fetched, or None."""
+def fetch(local: CheckpointStore, durable: CheckpointStore) -> int | None:
+    """Copy the durable tier's newer step into the local tier (:func:`newer_in_durable`): every
+    rank's manifests and witnesses (the resume checks itself against them, spec §22). The ranks of
+    one machine share the local tier and each calls this: one of them copies, under the tier's
+    lock, and says so; the others find the step there. The step fetched, or None."""
     from ravex.format import copy_step
 
-    newer = newer_in_durable(local, durable)
-    if newer is None:
-        return None
-    owner, step = newer
-    started = time.perf_counter()
-    report = copy_step(owner, local, step)
-    witness = read_witness(owner.storage, owner.steps_prefix, step, rank)
-    if witness is not None:  # the resume checks itself against it (spec §22)
+    with local.storage.exclusive():
+        newer = newer_in_durable(local, durable)
+        if newer is None:
+            return None
+        owner, step = newer
+        started = time.perf_counter()
+        report = copy_step(owner, local, step)
         there = local.on_timeline(owner.timeline.name)
-        write_witness(there.storage, there.steps_prefix, witness)
-    if rank == 0:
-        logger.info("ravex: step %d came from the durable tier %s (the local tier %s had no step as new): "
-                    "%d objects (%s) in %s ms", step, durable.url, local.url, report.objects_copied,
-                    mib(report.bytes_copied), ms(time.perf_counter() - started))
+        for rank in range(report.manifests_copied):  # a complete step's ranks are 0..n-1
+            witness = read_witness(owner.storage, owner.steps_prefix, step, rank)
+            if witness is not None:
+                write_witness(there.storage, there.steps_prefix, witness)
+    logger.info("ravex: step %d came from the durable tier %s (the local tier %s had no step as new): "
+                "%d objects (%s) in %s ms", step, durable.url, local.url, report.objects_copied,
+                mib(report.bytes_copied), ms(time.perf_counter() - started))
     return step
 
 
