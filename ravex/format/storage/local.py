@@ -188,13 +188,18 @@ class LocalStorage(Storage):
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         """``flock`` on the store's folder (no file is created): the processes of this machine
-        take turns. Where ``fcntl`` is missing (Windows), no lock."""
+        take turns. Where ``fcntl`` is missing (Windows) or the file system refuses ``flock``
+        (some cluster file systems), no lock: each process then does the work itself, as the
+        work shared this way is the same whoever does it."""
         if not _FLOCK:
             yield
             return
         fd = os.open(self.root, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
             yield
         finally:
             os.close(fd)  # (closing the descriptor releases the lock)
