@@ -44,7 +44,7 @@ CONTENDERS = (BASELINE, "bare copy", "copy + O_DIRECT write", "ravex", "dcp.asyn
 _STALL = re.compile(r"ravex: checkpoint step (\d+): stall ([0-9.]+) ms")
 
 
-class _StallLines(logging.Handler):
+class StallLines(logging.Handler):
     """Keeps the stall of each ``ravex: checkpoint step N`` line the runtime logs."""
 
     def __init__(self) -> None:
@@ -66,7 +66,7 @@ def loop_child(spec: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(spec["threads"])
     name, every = spec["contender"], spec["every"]
     is_ravex = name == "ravex" or name in VARIANTS
-    lines = _StallLines()
+    lines = StallLines()
     if is_ravex:
         import ravex
 

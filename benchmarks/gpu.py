@@ -32,9 +32,10 @@ import tempfile
 import time
 from typing import Any
 
+from .goodput_loop import StallLines
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-_STALL = re.compile(r"ravex: checkpoint step (\d+): stall ([0-9.]+) ms")
 _WITNESS = re.compile(r"^ravex: resume (verified|not verified|diverged)[^\n]*", re.M)
 
 
@@ -92,17 +93,6 @@ def resume(device: str, steps: int, every: int, kill_at: int, log: Any) -> dict[
     return out
 
 
-class _Stalls(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stalls: list[float] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = _STALL.match(record.getMessage())
-        if m:
-            self.stalls.append(float(m.group(2)) / 1000)
-
-
 def stall(device: str, width: int, layers: int, reps: int, log: Any) -> dict[str, Any]:
     """Item 2: Ravex's stall per checkpoint against a bare device-to-host copy of the same bytes."""
     import torch
@@ -110,7 +100,7 @@ def stall(device: str, width: int, layers: int, reps: int, log: Any) -> dict[str
     import ravex
 
     folder = tempfile.mkdtemp(prefix="gpu-stall-")
-    lines = _Stalls()
+    lines = StallLines()
     logging.getLogger("ravex").addHandler(lines)
     ravex.activate(storage=os.path.join(folder, "checkpoints"), checkpoint_every=None, keep_last=1,
                    resume="never", checkpoint_on_exit=False, checkpoint_on_signal=[])
