@@ -23,6 +23,7 @@ import time
 
 from ravex.format import CheckpointStore
 from ravex.format.history.witness import read_witness, write_witness
+from ravex.format.objects.names import manifest_ranks
 
 from ..logline import mib, ms
 
@@ -190,7 +191,7 @@ def fetch(local: CheckpointStore, durable: CheckpointStore) -> int | None:
         started = time.perf_counter()
         report = copy_step(owner, local, step)
         there = local.on_timeline(owner.timeline.name)
-        for rank in range(report.manifests_copied):  # a complete step's ranks are 0..n-1
+        for rank in manifest_ranks(owner.storage.list_dir(owner.step_dir(step))):  # copied or already there
             witness = read_witness(owner.storage, owner.steps_prefix, step, rank)
             if witness is not None:
                 write_witness(there.storage, there.steps_prefix, witness)
