@@ -1,7 +1,8 @@
-"""The ranks of one machine fetch a durable step into their shared local tier at once: one of
-them copies it, under the tier's lock, with every rank's witness, and says so; the others find
+"""The ranks of one machine share its local tier. They fetch a durable step into it at once: one
+of them copies it, under the tier's lock, with every rank's witness, and says so; the others find
 it there (``ravex.saving.steps.tiers.fetch``). Without the lock a rank could find the step
-copied by another and the rerun's line saying where it came from went missing."""
+copied by another and the rerun's line saying where it came from went missing. And each rank
+persists its own part of a step without waiting for the others (``Persister``)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,28 @@ def test_ranks_fetching_at_once_copy_the_step_once_and_say_it_once(tmp_path, cap
         witness = read_witness(tier.storage, tier.steps_prefix, 8, r)
         assert witness is not None and witness.entries, r
     assert fetch(tier, durable) is None  # as new as the durable tier: nothing to do
+
+
+def test_rank_0_refreshes_its_witness_while_another_rank_has_not_committed_the_step(tmp_path, caplog):
+    """Under torchrun each rank persists its own manifest; rank 0's next commit refreshes the
+    durable copy of its witness of the persisted step, which rank 1 may not have committed
+    locally yet. Its own witness is all it copies: nothing fails, nothing is said."""
+    from ravex.saving.steps.tiers import Persister
+
+    local = open_store(str(tmp_path / "local"), create=True)
+    durable = open_store(str(tmp_path / "durable"), create=True)
+    writer = local.writer(rank=0, world_size=2, run="r")
+    writer.commit(8, {"w0": np.zeros(1 << 14, dtype=np.float32)})  # rank 1 lags: step 8 is incomplete
+    entry = WitnessEntry(step=9, loss="1.0", batch="ab" * 16, calls=1)
+    write_witness(local.storage, local.steps_prefix, Witness(step=8, rank=0, run="r", entries=(entry,)))
+    persister = Persister(durable, every=1, keep_last=None, rank=0)
+    with caplog.at_level(logging.INFO, logger="ravex"):
+        persister.committed(local, 8)
+        persister.flush()
+        persister.refresh_witness()
+        persister.flush()
+        persister.close()
+    failed = [r.getMessage() for r in caplog.records if "FAILED" in r.getMessage()]
+    assert failed == [] and persister.last_error is None, failed
+    witness = read_witness(durable.storage, durable.steps_prefix, 8, 0)
+    assert witness is not None and witness.entries == (entry,)

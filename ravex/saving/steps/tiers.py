@@ -152,7 +152,9 @@ class Persister:
                     ms(time.perf_counter() - started), self.url)
 
     def _copy_witness(self, timeline: CheckpointStore, step: int) -> None:
-        owner, number = timeline.locate(step)
+        # unchecked: under torchrun another rank may not have committed the step here yet, and
+        # this rank's own witness is all that is copied
+        owner, number = timeline.locate(step, check=False)
         witness = read_witness(owner.storage, owner.steps_prefix, number, self.rank)
         if witness is not None and witness.entries:
             there = self.durable.on_timeline(owner.timeline.name)
