@@ -8,6 +8,7 @@
     python -m benchmarks format --quick         # smoke test: tiny state, well under a minute
     python -m benchmarks goodput                # (h) training time lost per checkpoint, busy loop
     python -m benchmarks cadence --cost 0.8     # (k) checkpoint_every: auto against fixed cadences, simulated
+    python -m benchmarks stage                  # (m) the stall's copy alone and hashing as it copies
     python -m benchmarks tiers                  # (l) S3 alone against local: + S3, busy loop, moto server
     python -m benchmarks report out.json --markdown   # re-print a saved run (--plot PNG: redraw)
 """
@@ -231,6 +232,18 @@ def _cadence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage(args: argparse.Namespace) -> int:
+    from . import stage
+
+    res: dict[str, Any] = _header("stage", args)
+    res["run"] = stage.run(24 if args.quick else args.mib, 1 if args.quick else args.reps)
+    out = args.out or os.path.join(HERE, "out", "stage-quick.json" if args.quick else "stage.json")
+    _write_json(res, out)
+    print(stage.table(res["run"]))
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
 def _tiers(args: argparse.Namespace) -> int:
     from . import tiers
 
@@ -333,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--trials", type=int, default=200, help="jobs simulated per cadence; default 200")
     k.add_argument("--out", help="JSON path; default benchmarks/out/cadence.json")
     k.set_defaults(func=_cadence, dir=tempfile.gettempdir(), quick=False)
+    m = sub.add_parser("stage", help="(m) the stall's copy alone against hashing each chunk as it lands")
+    m.add_argument("--quick", action="store_true", help="smoke test: 24 MiB, one rep")
+    m.add_argument("--mib", type=int, default=1152, help="bytes staged, MiB; default 1152 (benchmark (h)'s state)")
+    m.add_argument("--reps", type=int, default=9, help="runs of each variant (median); default 9")
+    m.add_argument("--out", help="JSON path; default benchmarks/out/stage[-quick].json")
+    m.set_defaults(func=_stage, dir=tempfile.gettempdir())
     t = sub.add_parser("tiers", help="(l) S3 alone against local: + S3 (persist_every 1 and 10), a busy loop, "
                                      "against a moto server started here")
     t.add_argument("--quick", action="store_true", help="smoke test: a tiny model, one rep (seconds)")
