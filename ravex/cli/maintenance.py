@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ravex.format.maintenance.gc import DEFAULT_GRACE_SECONDS, GCReport
+from ravex.format.reports.validate import Finding
 from ravex.tui.formatting import one_line
 
 from .common import (
@@ -37,12 +38,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     errors = [f for f in report.findings if f.severity == "error"]
     warnings = [f for f in report.findings if f.severity != "error"]
     if report.findings:
+        shown = errors + _orphans_folded(warnings)
         from rich.table import Table
 
         table = Table()
         for col in ("severity", "kind", "step", "rank", "tensor", "chunk", "message"):
             table.add_column(col, overflow="fold")
-        for f in errors + warnings:
+        for f in shown:
             table.add_row(
                 f"[red]{f.severity}[/]" if f.severity == "error" else f"[yellow]{f.severity}[/]", f.kind,
                 _opt(f.step) if f.timeline is None else f"{f.timeline}@{f.step}", _opt(f.rank),
@@ -57,6 +59,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_OK
     out.print(f"[red]{len(errors)} errors[/] in {report.url} ({checked}; {len(warnings)} warnings)")
     return EXIT_FINDING
+
+
+#: More orphan objects than this are one row of the table (``--json`` lists each).
+ORPHAN_ROWS = 3
+
+
+def _orphans_folded(warnings: list[Finding]) -> list[Finding]:
+    """``warnings`` with its orphan objects as one row where there are many: every run's store
+    holds some for an hour (the objects of the steps retention removed wait out GC's grace), and a
+    row each buried whatever else the table said."""
+    orphans = [f for f in warnings if f.kind == "orphan_object"]
+    if len(orphans) <= ORPHAN_ROWS:
+        return warnings
+    folded = Finding("orphan_object", (
+        f"{len(orphans)} objects are named by no manifest: garbage, not damage (the objects of steps "
+        f"retention removed wait out gc's {DEFAULT_GRACE_SECONDS / 60:.0f} min grace; a killed commit "
+        f"leaves some too). `ravex gc` removes them; `--json` lists each"))
+    return [f for f in warnings if f.kind != "orphan_object"] + [folded]
 
 
 def _opt(v: int | None) -> str:

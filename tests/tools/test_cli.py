@@ -10,6 +10,8 @@ import numpy as np
 from stores import corrupt_object_of, write_run
 
 from ravex.format import open_store
+from ravex.format.objects.hashing import digest
+from ravex.format.objects.names import object_key
 
 
 def test_ls_json_lists_steps_bytes_and_incomplete(cli, run_store):
@@ -345,3 +347,17 @@ def test_inspect_verb_opens_the_app_on_the_named_or_default_store(tmp_path, monk
     assert main(["inspect"]) == 0
     assert main(["inspect", "other"]) == 0
     assert opened == [(str(tmp_path / "ckpt"), None), (str(tmp_path / "other"), None)]
+
+
+def test_validate_folds_many_orphan_objects_into_one_row_and_json_lists_each(cli, run_store):
+    store = open_store(run_store)
+    blobs = [f"garbage {i}".encode() * 50 for i in range(5)]
+    for blob in blobs:
+        store.storage.write(object_key(digest(blob)), blob)
+    r = cli("validate", run_store)
+    assert r.rc == 0, r
+    assert "5 objects are named by no manifest" in r.out and "incomplete_step" in r.out
+    assert not [d for d in map(digest, blobs) if d in r.out]  # no row of its own
+    assert "(4 steps; 6 warnings)" in r.out
+    orphans = [f for f in cli("validate", run_store, "--json").json()["findings"] if f["kind"] == "orphan_object"]
+    assert sorted(f["object"] for f in orphans) == sorted(map(digest, blobs))
