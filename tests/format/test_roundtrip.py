@@ -241,3 +241,26 @@ def test_manifest_bytes_are_exactly_what_json_writes(tmp_path):
     odd = Manifest(step=2, rank=0, world_size=1, run="r", created_at="now", tree={}, arrays={
         "a/%22b": ArrayEntry(zarr={"shape": [1]}, chunks={'c/0"': ChunkRef(raw="0" * 32, size=4, object="1" * 32)})})
     assert odd.to_bytes() == json.dumps(odd.to_json(), separators=(",", ":"), allow_nan=False).encode()
+
+
+def test_a_restored_dict_pickles_to_the_bytes_of_the_one_saved(tmp_path):
+    """``pickle`` writes a string it met before in the same dump as a reference to that object.
+    Attribute names and literals are interned, so in a training script an optimizer's
+    ``param_groups`` keys and ``argparse``'s attributes are the same objects; restored keys must be
+    too, or the script's own ``torch.save`` after a resume writes other bytes (timm's
+    ``checkpoint-N.pth.tar``, which pickles its args beside the optimizer)."""
+    import argparse
+    import pickle
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    args = parser.parse_args([])
+    group = {"momentum": 0.9, "weight_decay": 1e-4, "params": [0, 1]}
+    typed = {("weight_decay", 1): "x"}  # a $dict: keys of any type
+    store = open_store(str(tmp_path / "s"), create=True)
+    store.writer(run="r").commit(1, {"optimizer": {"param_groups": [group]}, "typed": typed})
+    back = open_store(str(tmp_path / "s")).read(1)  # a reader of its own: keys decoded from the manifest
+    [restored] = back["optimizer"]["param_groups"]
+    assert restored == group and back["typed"] == typed
+    assert pickle.dumps([restored, back["typed"], args]) == pickle.dumps([group, typed, args])

@@ -18,12 +18,17 @@ other dict          {"$dict": [[key, value], ...]} (keys typed too)
 array leaf          {"$array": "<array path>"}
 ==================  ==========================================
 
-Decoding never executes anything from the store: it only builds these types.
+Decoding never executes anything from the store: it only builds these types. Its string keys,
+and short name-like string values, are interned, as the attribute names and literals of the
+program that wrote them were: ``pickle`` writes a string it has met before in the same dump as a
+reference, but only when it is the same object, so a state dict restored with strings of its own
+made the user's ``torch.save`` of it (the same values) other bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -87,7 +92,9 @@ def _no_arrays(value: Any, path: tuple[Any, ...]) -> str:
 
 def decode_value(doc: Any, on_array: Callable[[str], Any], where: str = "tree") -> Any:
     """Invert :func:`encode_value`; ``on_array(path)`` supplies each array leaf."""
-    if doc is None or isinstance(doc, (bool, str, int)):
+    if isinstance(doc, str):
+        return _as_literal(doc)
+    if doc is None or isinstance(doc, (bool, int)):
         return doc
     if isinstance(doc, list):
         return [decode_value(v, on_array, where) for v in doc]
@@ -102,7 +109,7 @@ def decode_value(doc: Any, on_array: Callable[[str], Any], where: str = "tree") 
     for k in doc:
         if k.startswith("$"):
             raise ManifestError(f"{where}: untagged object with '$' key {k!r}")
-    return {k: decode_value(v, on_array, where) for k, v in doc.items()}
+    return {sys.intern(k): decode_value(v, on_array, where) for k, v in doc.items()}
 
 
 def _decode_tagged(tag: str, body: Any, on_array: Callable[[str], Any], where: str) -> Any:
@@ -127,10 +134,23 @@ def _decode_tagged(tag: str, body: Any, on_array: Callable[[str], Any], where: s
     raise ManifestError(f"{where}: unknown tag {tag!r}; written by a newer Ravex?")
 
 
+#: Longest string value interned as a literal of the same text would be (:func:`_as_literal`).
+LITERAL_MAX_CHARS = 64
+
+
+def _as_literal(text: str) -> str:
+    """``text`` as the program that wrote it most likely held it: CPython interns a short
+    string literal made of name characters (``"min"``, ``"weight_decay"``), so such a value is
+    interned here too; any other string is left as decoded (interned strings live forever)."""
+    if len(text) <= LITERAL_MAX_CHARS and text.isascii() and text.replace("_", "a").isalnum():
+        return sys.intern(text)
+    return text
+
+
 def _hashable(key: Any) -> Any:
     if isinstance(key, (list, dict)):
         raise ManifestError(f"dict key {key!r} is not hashable")
-    return key
+    return sys.intern(key) if isinstance(key, str) else key
 
 
 def _bad(tag: str, body: Any, where: str) -> Any:
