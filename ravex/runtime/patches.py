@@ -19,6 +19,7 @@ global optimizer step post hook     count steps (torch's own hook, no patch)
 ``torch.save``                      a found checkpoint is restored before the script saves
                                     (never an untrained model over the user's file)
 global forward / step pre hooks     restore before the first forward (removed after)
+``open`` (``builtins``, ``io``)     note the files opened for appending (:mod:`.state.appended`)
 ==================================  ============================================
 
 Between checkpoints the cost is one Python call per batch, per backward pass and per optimizer
@@ -27,7 +28,9 @@ step.
 
 from __future__ import annotations
 
+import builtins
 import functools
+import io
 import itertools
 import sys
 import warnings
@@ -98,6 +101,20 @@ def _register_after(kind: str, runtime: Any) -> Callable[[Any], Any]:
     return make
 
 
+def _noting_appends(runtime: Any) -> Callable[[Any], Any]:
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            handle = original(file, mode, *args, **kwargs)
+            if "a" in mode:
+                runtime.registry.appended.opened(file, mode, handle)
+            return handle
+
+        return open
+
+    return make
+
+
 def install(runtime: Any) -> Patches:
     """Install every patch for ``runtime``; returns the undo record."""
     patches = Patches()
@@ -111,6 +128,8 @@ def install(runtime: Any) -> Patches:
         patches.replace(torch.optim.lr_scheduler.ReduceLROnPlateau, "__init__",
                         _register_after("schedulers", runtime))
     patches.replace(torch.amp.GradScaler, "__init__", _register_after("scalers", runtime))
+    for owner in (builtins, io):
+        patches.replace(owner, "open", _noting_appends(runtime))
 
     def loader_init(original: Any) -> Any:
         @functools.wraps(original)

@@ -7,7 +7,8 @@ Each shape (tests/runtime/shapes/) is killed by SIGKILL at random steps, once it
 checkpoint is durable, and rerun unchanged. The rerun must run only the iterations after
 the checkpoint (its own printed counters continue), never rewrite a user file an earlier
 epoch finished, and end bitwise equal to an uninterrupted run on plain torch; the files it
-writes hold what the uninterrupted run's hold.
+writes hold what the uninterrupted run's hold, the ones it appends to (a log, a CSV) too: the
+steps after the checkpoint append again, and each such file was cut back to its size there.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def _assert_continues(rerun: list[str], after: list[str], where: str) -> None:
 
 
 def _files(cwd: Path) -> dict[str, tuple[int, bytes]]:
+    """The script's own files: what it saves, logs and appends to."""
     return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in cwd.iterdir()
-            if p.suffix in (".pt", ".pth") and p.name != "final.pt"}
+            if p.suffix in (".pt", ".pth", ".log", ".csv") and p.name != "final.pt"}
 
 
 def _run(shape: Shape, cwd: Path, **env: str) -> harness.Result:

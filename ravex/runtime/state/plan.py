@@ -16,6 +16,7 @@ backend stages them). Tree layout (lists are indexed by creation order)::
     script      {"mode", "frames": [{"code", "line", "loops", "variables"}]}  the main
                 script's loop position and the variables its loops carry (optional)
     rng         {"python", "numpy", "torch", "cuda": [...]}
+    appended    [{"path", "size"}]   the files the script appends to, and their sizes (:mod:`.appended`)
 
 A model is stored as the plain module it is or wraps (:mod:`.names`): a ``GPT`` under
 ``torch.compile`` or DDP is stored as ``GPT``, its tensors as ``transformer.wte.weight``, not
@@ -130,6 +131,7 @@ def collect(registry: Registry, step: int, active_loader: LoaderState | None,
     if script is not None:
         tree["script"] = script
     tree["rng"] = capture_rng()
+    tree["appended"] = registry.appended.capture()
     return tree
 
 

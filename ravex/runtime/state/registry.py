@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .appended import AppendedFiles
 from .names import layers
 
 KINDS = ("models", "optimizers", "schedulers", "scalers", "loaders")
@@ -77,6 +78,8 @@ class Registry:
         default_factory=lambda: {k: {} for k in KINDS}
     )
     _modules: dict[int, tuple[int, weakref.ref[Any]]] = field(default_factory=dict)
+    #: the files the script appends to (:mod:`.appended`)
+    appended: AppendedFiles = field(default_factory=AppendedFiles)
 
     def add(self, kind: str, obj: Any) -> None:
         """Record ``obj`` (first sighting wins the position)."""

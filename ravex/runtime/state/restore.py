@@ -117,6 +117,7 @@ def restore(registry: Registry, tree: dict[str, Any], where: str, partial: bool 
         if saved["state"]:
             obj.load_state_dict(tensors_in(saved["state"]))
     restore_rng(tree["rng"])
+    registry.appended.rewind(tree.get("appended", []), int(tree["ravex"]["step"]))
 
 
 def check_loader(where: str, index: int, loader: Any, saved: dict[str, Any]) -> None:

@@ -2,6 +2,8 @@
 loop is a method, its counters live on ``self``, and the main script only builds the parts
 and calls ``run()`` / ``fit()`` (class_trainer.py, class_epochs.py)."""
 
+import logging
+
 import torch
 from probe import done_step, say
 from torch.nn import functional as F
@@ -165,6 +167,7 @@ def train_one_epoch(epoch, model, loader, opt, num_updates):
         loss_sum += loss.item()
         seen += 1
         say(f"STEP {epoch} {batch_idx} {num_updates} {(loss_sum / seen).hex()} {loss.item().hex()}")
+        logging.getLogger("train").info("update %d loss %s", num_updates, loss.item().hex())
         done_step()
     return num_updates, loss_sum / seen
 
