@@ -10,8 +10,10 @@ So every file this process opens for appending is noted (``open`` with an ``"a"`
 :mod:`ravex.runtime.patches`), each checkpoint records the size of each such file (its open file
 objects flushed first, so that the bytes written before the checkpoint are counted), and a resume
 cuts each file that has grown past its recorded size back to it, saying so once. A file that is
-now smaller than it was (rewritten, truncated, replaced) is left as it is and named. Files opened
-for writing or reading are not touched: a file rewritten whole comes out the same either way.
+now smaller than it was (rewritten, truncated), or another file by its name (replaced), is left as
+it is and named. Files opened for writing or reading are not touched: a file rewritten whole comes
+out the same either way. What another process appended to a noted file after the checkpoint is
+cut too: the line says how many bytes each file lost.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class AppendedFiles:
             pass
 
     def capture(self) -> list[dict[str, Any]]:
-        """Each noted file's size now, ``[{"path", "size"}]`` (files gone are left out)."""
+        """Each noted file's size and inode now, ``[{"path", "size", "inode"}]`` (files gone are
+        left out)."""
         sizes = []
         for path, handles in list(self._files.items()):
             for handle in list(handles):
@@ -56,9 +59,10 @@ class AppendedFiles:
                 except (OSError, ValueError, AttributeError):
                     pass
             try:
-                sizes.append({"path": path, "size": os.stat(path).st_size})
+                st = os.stat(path)
             except OSError:
                 continue
+            sizes.append({"path": path, "size": st.st_size, "inode": st.st_ino})
         return sizes
 
     def rewind(self, saved: list[dict[str, Any]], step: int) -> None:
@@ -69,8 +73,12 @@ class AppendedFiles:
             path, size = str(entry["path"]), int(entry["size"])
             self._files.setdefault(path, weakref.WeakSet())
             try:
-                now = os.stat(path).st_size
+                st = os.stat(path)
             except OSError:
+                continue
+            now = st.st_size
+            if entry.get("inode", st.st_ino) != st.st_ino:
+                left.append(f"{_shown(path)} (another file by that name now)")
                 continue
             if now < size:
                 left.append(f"{_shown(path)} ({now} bytes, {size} at the checkpoint)")
@@ -87,8 +95,8 @@ class AppendedFiles:
             logger.warning("ravex: cut back to their size at step %d, since the steps after it run again and "
                            "append once more: %s", step, ", ".join(cut))
         if left:
-            logger.warning("ravex: not cut back to their size at step %d (smaller now: rewritten since?), so the "
-                           "steps after it may append twice: %s", step, ", ".join(left))
+            logger.warning("ravex: not cut back to their size at step %d, so the steps after it may append "
+                           "twice: %s", step, ", ".join(left))
 
 
 def _shown(path: str) -> str:
