@@ -210,6 +210,8 @@ class LocalStorage(Storage):
         for folder in folders:
             try:
                 atomic.fsync_path(folder)
+            except FileNotFoundError:
+                continue  # removed since it was written into (a retired step's): nothing there to keep
             except OSError as exc:
                 raise storage_error(self.url, "sync", os.path.relpath(folder, self.root), exc) from exc
 
@@ -283,7 +285,11 @@ class LocalStorage(Storage):
 
     def remove_empty_dir(self, prefix: str) -> None:
         """Remove ``prefix`` if it is an empty folder (after its step was deleted)."""
+        folder = self._path(prefix)
         try:
-            os.rmdir(self._path(prefix))
+            os.rmdir(folder)
         except OSError:
-            pass
+            return
+        with self._lock:
+            self._made.discard(folder)  # a later write there makes it again
+            self._dirty.discard(folder)
