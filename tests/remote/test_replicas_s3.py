@@ -1,0 +1,113 @@
+"""``replicas: 1`` (issue 33 item 2): two torchrun agents as two machines on this host, one rank
+each, each machine with its own local tier (``RAVEX_LOCAL`` per agent), one moto S3 bucket as
+the durable tier. Checkpoints every 4 steps land in both local tiers (each rank's own, and a
+replica of the other machine's rank); only every 2nd is copied to the bucket. The job is
+SIGKILLed after step 13 (checkpoint 12 only in the local tiers, 8 in the bucket), one machine's
+local tier is deleted, and the rerun resumes from step 12 through the other machine's tier, not
+from the bucket's 8, ending bitwise equal to an uninterrupted run."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from rhelpers import BUCKET, KEY, SECRET, options_for
+
+from ravex.format import open_store
+from tests.distributed import dharness as h
+
+STEPS = 16  # 2 epochs x 8 batches per rank at 2 ranks
+
+
+def _both_blocked():
+    """True once both agents' ranks printed BLOCKED (each agent's lines come separately)."""
+    seen: set[str] = set()
+
+    def check(lines: list[str]) -> bool:
+        if lines and lines[-1].startswith("BLOCKED "):
+            seen.add(lines[-1].split()[1])
+        return seen >= {"0", "1"}
+
+    return check
+
+
+@dataclass
+class Job:
+    cwd: Path
+    url: str
+    tiers: list[Path]
+    environ: dict[str, str]  # what both agents' environments add (the bucket's credentials)
+
+    @property
+    def per_node(self) -> list[dict[str, str]]:
+        return [{"RAVEX_LOCAL": str(tier)} for tier in self.tiers]
+
+    def run(self, **extra: str) -> list[h.Result]:
+        return h.run_nodes(1, self.cwd, h.env(T_ENTRY="activate", **self.environ, **extra), nnodes=2,
+                           node_env=self.per_node)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 2-rank run without Ravex: its result and final state."""
+    where = tmp_path_factory.mktemp("replicas-reference")
+    ref = h.run(2, where, h.env(T_ENTRY="none", T_OUT=str(where / "final.pt")))
+    assert ref.returncode == 0, ref.explain()
+    return ref, torch.load(where / "final.pt", weights_only=False)
+
+
+@pytest.fixture
+def killed_job(moto_server, tmp_path, reference) -> Job:
+    """The two-machine job SIGKILLed after step 13: step 12 in both local tiers, 8 in the bucket."""
+    ref, _ = reference
+    url = f"s3://{BUCKET}/replicas-{uuid.uuid4().hex[:12]}"
+    cwd = tmp_path / "job"
+    cwd.mkdir()
+    (cwd / "ravex.yaml").write_text(
+        f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
+        f"checkpoint_every: 4\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
+    job = Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
+              {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
+    first = h.joined(h.run_nodes(1, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="13", **job.environ), nnodes=2,
+                                 node_env=job.per_node, kill_job_when=_both_blocked()))
+    assert first.killed, first.explain()
+    for rank in (0, 1):
+        got = first.losses(rank)
+        assert got == {s: v for s, v in ref.losses(rank).items() if s in got}, "ravex perturbed training"
+    for tier in job.tiers:  # each machine's tier holds both ranks' manifests of steps 8 and 12
+        assert open_store(tier).current().complete_steps()[-2:] == [8, 12], first.explain()
+    assert _bucket(job, moto_server).current().complete_steps() == [8], first.explain()  # the 2nd checkpoint
+    assert "replicated: tiers local + replica" in first.stderr, first.explain()
+    return job
+
+
+def _bucket(job: Job, moto_server):
+    return open_store(job.url, storage_options=options_for(moto_server.url))
+
+
+def _check_resumed(second: h.Result, reference, expect: int) -> None:
+    ref, _ = reference
+    assert second.returncode == 0, second.explain()
+    for rank in (0, 1):
+        assert second.restored(rank) == expect, second.explain()
+        assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > expect}, second.explain()
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["node1-lost", "node0-lost"])
+def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(killed_job, moto_server, tmp_path,
+                                                                              reference, lost):
+    shutil.rmtree(killed_job.tiers[lost])  # the machine is gone with its disk; a new one takes its place
+    out = tmp_path / "final.pt"
+    results = killed_job.run(T_OUT=str(out))
+    second = h.joined(results)
+    _check_resumed(second, reference, 12)
+    assert "ravex: step 12 came from the other machine's local tier" in results[lost].stderr, second.explain()
+    assert "came from the durable tier" not in second.stderr, second.explain()
+    h.assert_same_state(torch.load(out, weights_only=False), reference[1])
+    assert _bucket(killed_job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit
+    for tier in killed_job.tiers:
+        assert open_store(tier).current().complete_steps()[-1] == STEPS, second.explain()
