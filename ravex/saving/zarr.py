@@ -152,6 +152,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         local = open_store(local_path, create=True)
         if replicas:
             self.link = ReplicaLink(local, machines)
+            self.fork_peer = self.link.peer
             fetch(local, self.link.peer, source="the other machine's local tier")
             self.replica = Persister(self.link.peer, 1, self.config.keep_last, self.rank, tier="replica",
                                      in_order=True)

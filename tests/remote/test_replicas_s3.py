@@ -4,7 +4,8 @@ the durable tier. Checkpoints every 4 steps land in both local tiers (each rank'
 replica of the other machine's rank); only every 2nd is copied to the bucket. The job is
 SIGKILLed after step 13 (checkpoint 12 only in the local tiers, 8 in the bucket), one machine's
 local tier is deleted, and the rerun resumes from step 12 through the other machine's tier, not
-from the bucket's 8, ending bitwise equal to an uninterrupted run."""
+from the bucket's 8, ending bitwise equal to an uninterrupted run. A rollback (``resume: 8``)
+forks the timeline in both machines' tiers."""
 
 from __future__ import annotations
 
@@ -111,3 +112,15 @@ def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(k
     assert _bucket(killed_job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit
     for tier in killed_job.tiers:
         assert open_store(tier).current().complete_steps()[-1] == STEPS, second.explain()
+
+
+def test_a_rollback_forks_the_timeline_in_both_machines_tiers_bitwise(killed_job, tmp_path, reference):
+    """``resume: 8`` (older than the newest step, 12): rank 0 forks the timeline in its machine's
+    tier; the other machine's rank takes the fork from there, and both tiers get its steps."""
+    out = tmp_path / "final.pt"
+    second = h.joined(killed_job.run(T_OUT=str(out), RAVEX_RESUME="8"))
+    _check_resumed(second, reference, 8)
+    h.assert_same_state(torch.load(out, weights_only=False), reference[1])
+    for tier in killed_job.tiers:
+        current = open_store(tier).current()
+        assert current.timeline.fork_step == 8 and current.complete_steps()[-1] == STEPS, second.explain()
