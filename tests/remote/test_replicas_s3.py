@@ -83,6 +83,7 @@ def killed_job(moto_server, tmp_path, reference) -> Job:
         assert open_store(tier).current().complete_steps()[-2:] == [8, 12], first.explain()
     assert _bucket(job, moto_server).current().complete_steps() == [8], first.explain()  # the 2nd checkpoint
     assert "replicated: tiers local + replica" in first.stderr, first.explain()
+    assert "FAILED" not in first.stderr and "Traceback" not in first.stderr, first.explain()
     return job
 
 
@@ -108,6 +109,7 @@ def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(k
     _check_resumed(second, reference, 12)
     assert "ravex: step 12 came from the other machine's local tier" in results[lost].stderr, second.explain()
     assert "came from the durable tier" not in second.stderr, second.explain()
+    assert "FAILED" not in second.stderr and "did not" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), reference[1])
     assert _bucket(killed_job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit
     for tier in killed_job.tiers:
@@ -124,3 +126,51 @@ def test_a_rollback_forks_the_timeline_in_both_machines_tiers_bitwise(killed_job
     for tier in killed_job.tiers:
         current = open_store(tier).current()
         assert current.timeline.fork_step == 8 and current.complete_steps()[-1] == STEPS, second.explain()
+
+
+@pytest.mark.slow
+def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server, tmp_path):
+    """Two machines of two ranks each (ranks 0,1 | 2,3; pairs 0-2 and 1-3): each tier holds all
+    four ranks' manifests; with machine 1's tier gone its two ranks take step 6 from machine 0's
+    tier, once (under the tier's lock), and the job ends bitwise equal to an uninterrupted run.
+    ``find_unused_parameters`` keeps 4-rank DDP bitwise across a restart (see test_ddp)."""
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    ref_out = ref_dir / "final.pt"
+    ref = h.run(4, ref_dir, h.env(T_ENTRY="none", T_FIND_UNUSED="1", T_OUT=str(ref_out)))
+    assert ref.returncode == 0, ref.explain()
+    url = f"s3://{BUCKET}/replicas4-{uuid.uuid4().hex[:12]}"
+    cwd = tmp_path / "job"
+    cwd.mkdir()
+    (cwd / "ravex.yaml").write_text(
+        f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
+        f"checkpoint_every: 2\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
+    job = Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
+              {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "T_FIND_UNUSED": "1"})
+    seen: set[str] = set()
+
+    def all_blocked(lines: list[str]) -> bool:
+        if lines and lines[-1].startswith("BLOCKED "):
+            seen.add(lines[-1].split()[1])
+        return seen >= {"0", "1", "2", "3"}
+
+    first = h.joined(h.run_nodes(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="7", **job.environ), nnodes=2,
+                                 node_env=job.per_node, kill_job_when=all_blocked))
+    assert first.killed, first.explain()
+    for tier in job.tiers:
+        store = open_store(tier).current()
+        assert store.complete_steps()[-2:] == [4, 6], first.explain()
+        assert list(store.step_info(6).ranks) == [0, 1, 2, 3], first.explain()
+    assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
+
+    shutil.rmtree(job.tiers[1])
+    out = tmp_path / "final.pt"
+    results = h.run_nodes(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out), **job.environ), nnodes=2,
+                          node_env=job.per_node)
+    second = h.joined(results)
+    assert second.returncode == 0, second.explain()
+    assert results[1].stderr.count("ravex: step 6 came from the other machine's local tier") == 1, second.explain()
+    for rank in range(4):
+        assert second.restored(rank) == 6, second.explain()
+        assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > 6}, second.explain()
+    h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))

@@ -173,7 +173,9 @@ class Persister:
                     ms(time.perf_counter() - started), self.url)
 
     def _copy_witness(self, timeline: CheckpointStore, step: int) -> None:
-        owner, number = timeline.locate(step)
+        # this rank's own witness: the step need not be complete here yet (with several machines
+        # the other ranks' manifests land in the local tier later, with their replicas)
+        owner, number = timeline.locate(step, check=False)
         witness = read_witness(owner.storage, owner.steps_prefix, number, self.rank)
         if witness is not None and witness.entries:
             there = self.durable.on_timeline(owner.timeline.name)
