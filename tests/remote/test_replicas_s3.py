@@ -1,11 +1,11 @@
 """``replicas: 1`` (issue 33 item 2): two torchrun agents as two machines on this host, one rank
 each, each machine with its own local tier (``RAVEX_LOCAL`` per agent), one moto S3 bucket as
 the durable tier. Checkpoints every 4 steps land in both local tiers (each rank's own, and a
-replica of the other machine's rank); only every 2nd is copied to the bucket. The job is
-SIGKILLed after step 13 (checkpoint 12 only in the local tiers, 8 in the bucket), one machine's
-local tier is deleted, and the rerun resumes from step 12 through the other machine's tier, not
-from the bucket's 8, ending bitwise equal to an uninterrupted run. A rollback (``resume: 8``)
-forks the timeline in both machines' tiers."""
+replica of the other machine's rank); only every 2nd is copied to the bucket. One machine is
+SIGKILLed after step 13 (checkpoint 12 only in the local tiers, 8 in the bucket; the other
+machine fails on its own), its local tier is deleted, and the rerun resumes from step 12 through
+the other machine's tier, not from the bucket's 8, ending bitwise equal to an uninterrupted run.
+A rollback (``resume: 8``) forks the timeline in both machines' tiers."""
 
 from __future__ import annotations
 
@@ -62,19 +62,33 @@ def reference(tmp_path_factory):
 
 
 @pytest.fixture
-def killed_job(moto_server, tmp_path, reference) -> Job:
-    """The two-machine job SIGKILLed after step 13: step 12 in both local tiers, 8 in the bucket."""
-    ref, _ = reference
+def job(moto_server, tmp_path) -> Job:
+    """The two-machine job's folder: checkpoints every 4 steps, every 2nd to the bucket."""
     url = f"s3://{BUCKET}/replicas-{uuid.uuid4().hex[:12]}"
     cwd = tmp_path / "job"
     cwd.mkdir()
     (cwd / "ravex.yaml").write_text(
         f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
         f"checkpoint_every: 4\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
-    job = Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
-              {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
-    first = h.joined(h.run_nodes(1, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="13", **job.environ), nnodes=2,
-                                 node_env=job.per_node, kill_job_when=_both_blocked()))
+    return Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
+               {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
+
+
+def _first_run(job: Job, reference, moto_server, killed: int | None) -> None:
+    """Train to step 13 and SIGKILL: machine ``killed`` alone (its rank blocks after step 13 while
+    the other trains on into the next all-reduce and fails on its own, as a cluster's surviving
+    machines do), or the whole job (None). Step 12 is then in both local tiers, 8 in the bucket."""
+    ref, _ = reference
+    environ = h.env(T_ENTRY="activate", T_BLOCK_AT="13", **job.environ)
+    if killed is None:
+        results = h.run_nodes(1, job.cwd, environ, nnodes=2, node_env=job.per_node, kill_job_when=_both_blocked())
+    else:
+        environ["T_BLOCK_RANKS"] = str(killed)  # rank r is machine r's one rank
+        seen = _both_blocked()
+        results = h.run_nodes(1, job.cwd, environ, nnodes=2, node_env=job.per_node,
+                              kill_node_when=lambda lines: killed if seen(lines[0]) or seen(lines[1]) else None)
+        assert not results[1 - killed].hung, results[1 - killed].explain()  # it failed on its own
+    first = h.joined(results)
     assert first.killed, first.explain()
     for rank in (0, 1):
         got = first.losses(rank)
@@ -83,8 +97,8 @@ def killed_job(moto_server, tmp_path, reference) -> Job:
         assert open_store(tier).current().complete_steps()[-2:] == [8, 12], first.explain()
     assert _bucket(job, moto_server).current().complete_steps() == [8], first.explain()  # the 2nd checkpoint
     assert "replicated: tiers local + replica" in first.stderr, first.explain()
-    assert "FAILED" not in first.stderr and "Traceback" not in first.stderr, first.explain()
-    return job
+    for result in results if killed is None else [results[killed]]:  # a survivor's copies fail once alone
+        assert "FAILED" not in result.stderr and "Traceback" not in result.stderr, first.explain()
 
 
 def _bucket(job: Job, moto_server):
@@ -100,30 +114,32 @@ def _check_resumed(second: h.Result, reference, expect: int) -> None:
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["node1-lost", "node0-lost"])
-def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(killed_job, moto_server, tmp_path,
+def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(job, moto_server, tmp_path,
                                                                               reference, lost):
-    shutil.rmtree(killed_job.tiers[lost])  # the machine is gone with its disk; a new one takes its place
+    _first_run(job, reference, moto_server, killed=lost)
+    shutil.rmtree(job.tiers[lost])  # the machine is gone with its disk; a new one takes its place
     out = tmp_path / "final.pt"
-    results = killed_job.run(T_OUT=str(out))
+    results = job.run(T_OUT=str(out))
     second = h.joined(results)
     _check_resumed(second, reference, 12)
     assert "ravex: step 12 came from the other machine's local tier" in results[lost].stderr, second.explain()
     assert "came from the durable tier" not in second.stderr, second.explain()
     assert "FAILED" not in second.stderr and "did not" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), reference[1])
-    assert _bucket(killed_job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit
-    for tier in killed_job.tiers:
+    assert _bucket(job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit
+    for tier in job.tiers:
         assert open_store(tier).current().complete_steps()[-1] == STEPS, second.explain()
 
 
-def test_a_rollback_forks_the_timeline_in_both_machines_tiers_bitwise(killed_job, tmp_path, reference):
+def test_a_rollback_forks_the_timeline_in_both_machines_tiers_bitwise(job, moto_server, tmp_path, reference):
     """``resume: 8`` (older than the newest step, 12): rank 0 forks the timeline in its machine's
     tier; the other machine's rank takes the fork from there, and both tiers get its steps."""
+    _first_run(job, reference, moto_server, killed=None)
     out = tmp_path / "final.pt"
-    second = h.joined(killed_job.run(T_OUT=str(out), RAVEX_RESUME="8"))
+    second = h.joined(job.run(T_OUT=str(out), RAVEX_RESUME="8"))
     _check_resumed(second, reference, 8)
     h.assert_same_state(torch.load(out, weights_only=False), reference[1])
-    for tier in killed_job.tiers:
+    for tier in job.tiers:
         current = open_store(tier).current()
         assert current.timeline.fork_step == 8 and current.complete_steps()[-1] == STEPS, second.explain()
 
