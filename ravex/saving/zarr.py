@@ -165,8 +165,13 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         persister = self.persister
         if persister is None:
             return None
-        return {"url": persister.url, "persisted_step": persister.persisted_step,
-                "copying": persister.copying, "last_error": persister.last_error}
+        out: dict[str, Any] = {"url": persister.url, "persisted_step": persister.persisted_step,
+                               "copying": persister.copying, "last_error": persister.last_error}
+        replica = self.replica
+        if replica is not None:  # replicas: 1, the other machine's local tier
+            out["replica"] = {"url": replica.url, "replicated_step": replica.persisted_step,
+                              "copying": replica.copying, "last_error": replica.last_error}
+        return out
 
     def set_run(self, run_id: str | None) -> None:
         # docstring inherited
