@@ -124,6 +124,9 @@ def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(j
     _check_resumed(second, reference, 12)
     assert "ravex: step 12 came from the other machine's local tier" in results[lost].stderr, second.explain()
     assert "came from the durable tier" not in second.stderr, second.explain()
+    # the lost machine's rank checked itself against its own witness, which came back with the step
+    assert "ravex: resume verified: after step 12, step 13 matches the run that wrote it on 2 ranks" \
+        in second.stderr, second.explain()
     assert "FAILED" not in second.stderr and "did not" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), reference[1])
     assert _bucket(job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit

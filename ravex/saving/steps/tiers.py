@@ -150,7 +150,9 @@ class Persister:
         started = time.perf_counter()
         report = copy_step(timeline, self.durable, step, ranks=[self.rank])
         previous = self._persisted
-        if previous is not None and previous[1] != step:  # its witness grew up to this step
+        # every step copied (the replica's): no commit between copies refreshes the witness of the
+        # step copied before this one (refresh_witness), which grew up to this step: copy it now
+        if self.every == 1 and previous is not None and previous[1] != step:
             try:
                 self._copy_witness(*previous)
             except Exception as exc:  # collected by the local retention meanwhile: nothing to grow
