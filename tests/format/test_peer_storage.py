@@ -4,6 +4,8 @@ outside the store is refused; the server's missing keys stay ``FileNotFoundError
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from fmt_helpers import assert_same
@@ -70,3 +72,23 @@ def test_a_key_outside_the_store_is_refused(tmp_path, served):
         client.read("../secret.txt")
     with pytest.raises(OSError, match="not a key of this store"):
         client.write("/etc/passwd-copy", b"x")
+
+
+def test_ages_hold_whatever_the_two_clocks_say(served):
+    """The client's clock an hour ahead of the server's: a file the server just wrote is young
+    in the client's listing, and GC's delete of objects older than 10 s spares it (with bare
+    timestamps it would be an hour old, and deleted)."""
+    there, _ = served
+    server = StorageServer(there.storage, "127.0.0.1", "t")
+    ahead = PeerStorage("127.0.0.1", server.port, "t", clock=lambda: time.time() + 3600)
+    try:
+        ahead.write("objects/ab/fresh", b"x")
+        (info,) = [o for o in ahead.walk("objects") if o.key == "objects/ab/fresh"]
+        assert abs(ahead.clock() - info.mtime) < 60
+        assert not ahead.delete_if_older("objects/ab/fresh", ahead.clock() - 10)
+        assert there.storage.exists("objects/ab/fresh")
+        assert ahead.delete_if_older("objects/ab/fresh", ahead.clock() + 10)  # older than a cutoff ahead of it
+        assert not there.storage.exists("objects/ab/fresh")
+    finally:
+        ahead.close()
+        server.close()

@@ -10,7 +10,9 @@ storage has done it, so objects land (and are synced) before the manifest that n
 Wire format, both ways: a frame is two big-endian uint64 lengths (header, payload), a JSON
 header, then the payload bytes. The first frame of a connection carries the job's token (a
 random string both sides got from the job's rendezvous): a connection without it is closed.
-Nothing here knows about ranks or torch.
+Times travel as ages or with the server's clock beside them, never as bare timestamps: the two
+machines' clocks may differ, and GC's grace period must hold on the server's files whatever
+they say. Nothing here knows about ranks or torch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -148,7 +151,8 @@ Handler = Callable[[Storage, dict[str, Any], bytes], tuple[Any, BytesLike]]
 
 
 def _walk(storage: Storage, header: dict[str, Any], payload: bytes) -> tuple[Any, bytes]:
-    return [[o.key, o.size, o.mtime] for o in storage.walk(_check_key(header["key"]))], b""
+    items = [[o.key, o.size, o.mtime] for o in storage.walk(_check_key(header["key"]))]
+    return {"now": time.time(), "items": items}, b""
 
 
 def _write(storage: Storage, header: dict[str, Any], payload: bytes) -> tuple[Any, bytes]:
@@ -183,7 +187,7 @@ _HANDLERS: dict[str, Handler] = {
     "list_dir": lambda s, h, p: (s.list_dir(_check_key(h["key"])), b""),
     "walk": _walk,
     "delete": _delete,
-    "delete_if_older": lambda s, h, p: (s.delete_if_older(_check_key(h["key"]), float(h["cutoff"])), b""),
+    "delete_if_older": lambda s, h, p: (s.delete_if_older(_check_key(h["key"]), time.time() - float(h["age"])), b""),
     "remove_empty_dir": _remove_empty_dir,
 }
 
@@ -193,8 +197,10 @@ class PeerStorage(Storage):
     from several threads each take a connection of their own (opened as needed, kept for the
     next call); a connection that fails is dropped and the call raises :class:`ConnectionError`."""
 
-    def __init__(self, host: str, port: int, token: str, name: str | None = None) -> None:
+    def __init__(self, host: str, port: int, token: str, name: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.host, self.port, self.token = host, int(port), token
+        self.clock = clock  # this machine's (a test skews it against the server's)
         self._name = name or f"peer://{host}:{port}"
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -268,14 +274,20 @@ class PeerStorage(Storage):
         return [str(name) for name in self._call("list_dir", key=prefix)[0]]
 
     def walk(self, prefix: str) -> Iterator[ObjectInfo]:
-        for key, size, mtime in self._call("walk", key=prefix)[0]:
-            yield ObjectInfo(str(key), int(size), float(mtime))
+        """The server's listing, its modification times moved onto this machine's clock (by the
+        difference of the two clocks when it answered): ages computed here (GC's grace, the
+        objects ``copy_step`` trusts) hold whatever the machines' clocks say."""
+        answer = self._call("walk", key=prefix)[0]
+        shift = self.clock() - float(answer["now"])
+        for key, size, mtime in answer["items"]:
+            yield ObjectInfo(str(key), int(size), float(mtime) + shift)
 
     def delete(self, keys: Iterable[str]) -> None:
         self._call("delete", keys=list(keys))
 
     def delete_if_older(self, key: str, cutoff: float) -> bool:
-        return bool(self._call("delete_if_older", key=key, cutoff=cutoff)[0])
+        """Sent as an age (``cutoff`` on this machine's clock), checked on the server's clock."""
+        return bool(self._call("delete_if_older", key=key, age=self.clock() - cutoff)[0])
 
     def remove_empty_dir(self, prefix: str) -> None:
         self._call("remove_empty_dir", key=prefix)
