@@ -155,7 +155,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             self.fork_peer = self.link.peer
             fetch(local, self.link.peer, source="the other machine's local tier")
             self.replica = Persister(self.link.peer, 1, self.config.keep_last, self.rank, tier="replica",
-                                     in_order=True)
+                                     in_order=True, keep_every=self.config.keep_every)
         fetch(local, durable)
         self.persister = Persister(durable, self.config.persist_every, self.config.persist_keep_last, self.rank)
         return local

@@ -47,10 +47,12 @@ class Persister:
     the local retention waits while it is not empty."""
 
     def __init__(self, durable: CheckpointStore, every: int, keep_last: int | None,
-                 rank: int = 0, tier: str = "storage", in_order: bool = False) -> None:
+                 rank: int = 0, tier: str = "storage", in_order: bool = False,
+                 keep_every: int | None = None) -> None:
         self.durable = durable
         self.every = every
         self.keep_last = keep_last
+        self.keep_every = keep_every  # the replica's: the other tier keeps what the local one does
         self.rank = rank
         self.tier = tier
         self.commits = 0
@@ -161,10 +163,10 @@ class Persister:
         self._persisted = (timeline, step)
         self.last_error = None
         collected = ""
-        if self.rank == 0 and self.keep_last is not None:
+        if self.rank == 0 and (self.keep_last is not None or self.keep_every is not None):
             gc_started = time.perf_counter()
             try:
-                self.durable.gc(keep_last=self.keep_last)
+                self.durable.gc(keep_last=self.keep_last, keep_every=self.keep_every)
                 collected = f", gc {ms(time.perf_counter() - gc_started)} ms"
             except Exception as exc:
                 logger.warning("ravex: retention (gc) of %s failed after step %d: %s", self.url, step, exc)
