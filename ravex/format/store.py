@@ -35,7 +35,7 @@ from .objects.hashing import HASH_NAME
 from .objects.names import check_label, is_decimal, manifest_ranks, no_rank_missing
 from .steps.catalog import StepFiles, StepInfo, StoreCatalog
 from .steps.reader import StepReader
-from .storage import RetryPolicy, open_storage
+from .storage import RetryPolicy, Storage, open_storage
 from .writing.writer import StepWriter
 
 __all__ = ["ROOT_KEY", "CheckpointStore", "StepFiles", "StepInfo", "open_store"]
@@ -255,7 +255,12 @@ def open_store(
 
     ``retry`` bounds how remote calls are retried (:class:`~ravex.format.storage.RetryPolicy`).
     """
-    storage = open_storage(os.fspath(url), storage_options, retry)
+    return store_on(open_storage(os.fspath(url), storage_options, retry), create, created_by)
+
+
+def store_on(storage: Storage, create: bool = False, created_by: str | None = None) -> CheckpointStore:
+    """The store whose root is ``storage`` (:func:`open_store` for a :class:`Storage` made
+    elsewhere, such as :class:`~ravex.format.storage.peer.PeerStorage`, another machine's tier)."""
     try:
         data = storage.read(ROOT_KEY)
     except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: the path is a file

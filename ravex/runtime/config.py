@@ -99,6 +99,9 @@ class RavexConfig:
     persist_every: int = 1
     #: retention in ``storage`` when ``local`` is set (``keep_last`` is the local tier's; null: keep all)
     persist_keep_last: int | None = 3
+    #: 1: each rank's local step is also kept in the other machine's local tier (torchrun on two
+    #: machines, ``local:`` set), so losing one machine loses no step (ravex/saving/steps/replicas.py)
+    replicas: int = 0
     compression: str = "none"
     delta: bool = True
     #: arrays of many small chunks (sparse tables) as chunk tables (spec §5.1, format 1.2);
@@ -306,6 +309,13 @@ def _local_path(value: Any) -> str | None:
     return path
 
 
+def _replicas(value: Any) -> int:
+    if isinstance(value, bool) or value not in (0, 1):
+        raise ValueError(f"expected 0 (each step only in this machine's 'local:' tier) or 1 (also in the other "
+                         f"machine's; two machines under torchrun), got {value!r}")
+    return int(value)
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -446,6 +456,7 @@ _VALIDATORS = {
     "local": _local_path,
     "persist_every": _at_least_one,
     "persist_keep_last": _positive_int_or_none,
+    "replicas": _replicas,
     "compression": _compression,
     "delta": _bool,
     "chunk_tables": _bool,

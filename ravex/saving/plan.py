@@ -83,6 +83,7 @@ class SavingSettings(Protocol):
     local: str | None
     persist_every: int
     persist_keep_last: int | None
+    replicas: int
     skip_unchanged: bool
     full_stage_every: int
     staging_max_bytes: int | None

@@ -21,6 +21,9 @@ def get_backend(config: SavingSettings, rank: int = 0, world_size: int = 1) -> C
     A format backend that cannot start must not stop a training run; if the storage is
     local, ``torch_save`` keeps the run protected.
     """
+    if config.replicas and config.local is None:
+        raise RavexError(f"replicas: {config.replicas} keeps the steps of the local tier on another machine, and "
+                         f"'local:' is not set: set 'local:' (a path on each machine) or drop 'replicas:'")
     if config.local is not None:  # two tiers: one format in both, and no quiet fallback to one
         if config.backend == "torch_save":
             raise RavexError(f"local: {config.local!r} needs the default backend (the tiers are Ravex "

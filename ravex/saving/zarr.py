@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from typing import Any, ClassVar
@@ -40,6 +39,7 @@ from .logline import commit_text
 from .plan import SavingSettings
 from .ranks import place
 from .steps.forks import TimelineForks
+from .steps.replicas import Machines, ReplicaLink, check_machines
 from .steps.settler import Settler
 from .steps.tiers import Persister, describe, fetch
 from .witness_writer import WitnessWriter
@@ -110,6 +110,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         self.world_size = world_size
         #: with ``local:``, the durable tier's background copy (ravex/saving/steps/tiers.py)
         self.persister: Persister | None = None
+        #: with ``replicas: 1``, the other machine's local tier and the copy to it (steps/replicas.py)
+        self.link: ReplicaLink | None = None
+        self.replica: Persister | None = None
         if config.local is None:
             self.store = durable
         else:
@@ -134,13 +137,25 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         self._witnesses = WitnessWriter(self._write_witness, self._saver.wait_idle, self._committed.__contains__)
 
     def _two_tiers(self, local_path: str, durable: CheckpointStore) -> CheckpointStore:
-        """The local tier, holding the durable tier's newest step if it had none as new."""
-        if self.world_size > 1 and os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)) != str(self.world_size):
+        """The local tier, holding the newest step of the other machine's local tier (``replicas:
+        1``) or of the durable tier, if it had none as new."""
+        machines = Machines.from_env(self.rank, self.world_size)
+        replicas = self.config.replicas
+        if replicas:
+            check_machines(machines, local_path)
+        elif machines.count > 1:
             raise RavexError(
                 f"local: {local_path!r} holds only this machine's ranks, and these {self.world_size} ranks "
-                f"run on several machines: a step there is never complete. Drop 'local:' (every "
-                f"checkpoint goes to {durable.url!r}) or run on one machine")
+                f"run on several machines: a step there is never complete. Set 'replicas: 1' (each machine's "
+                f"local tier also keeps the other's steps; two machines), drop 'local:' (every checkpoint "
+                f"goes to {durable.url!r}) or run on one machine")
         local = open_store(local_path, create=True)
+        if replicas:
+            self.link = ReplicaLink(local, machines)
+            self.fork_peer = self.link.peer
+            fetch(local, self.link.peer, source="the other machine's local tier")
+            self.replica = Persister(self.link.peer, 1, self.config.keep_last, self.rank, tier="replica",
+                                     in_order=True, keep_every=self.config.keep_every)
         fetch(local, durable)
         self.persister = Persister(durable, self.config.persist_every, self.config.persist_keep_last, self.rank)
         return local
@@ -150,8 +165,13 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         persister = self.persister
         if persister is None:
             return None
-        return {"url": persister.url, "persisted_step": persister.persisted_step,
-                "copying": persister.copying, "last_error": persister.last_error}
+        out: dict[str, Any] = {"url": persister.url, "persisted_step": persister.persisted_step,
+                               "copying": persister.copying, "last_error": persister.last_error}
+        replica = self.replica
+        if replica is not None:  # replicas: 1, the other machine's local tier
+            out["replica"] = {"url": replica.url, "replicated_step": replica.persisted_step,
+                              "copying": replica.copying, "last_error": replica.last_error}
+        return out
 
     def set_run(self, run_id: str | None) -> None:
         # docstring inherited
@@ -219,11 +239,13 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         result: dict[str, Any] = {"stats": self._commit(job)}
         if self.world_size > 1 and self.rank == 0:
             self._settler.settle(self.timeline, job.step)
+        if self.replica is not None:
+            result["replicating"] = self.replica.committed(self.timeline, job.step)
         persister = self.persister
         if persister is not None:
             result["persisting"] = persister.committed(self.timeline, job.step)
-        if ((self.config.keep_last or self.config.keep_every) and self.rank == 0
-                and not (persister is not None and persister.copying)):  # a copy reads the local tier
+        copying = any(p is not None and p.copying for p in (persister, self.replica))  # a copy reads the local tier
+        if (self.config.keep_last or self.config.keep_every) and self.rank == 0 and not copying:
             result["gc"] = self._retain(job.step)
         return result
 
@@ -299,7 +321,8 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         return out
 
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
-        tiers = "" if self.persister is None else describe(result.get("persisting", False))
+        tiers = "" if self.persister is None else describe(result.get("persisting", False),
+                                                           result.get("replicating", False))
         return commit_text(result["stats"], result.get("gc")) + tiers
 
     # ── the resume witness (spec §22) ───────────────────────────────────
@@ -336,16 +359,21 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         """Wait for the write in flight, its witness, and a copy to the durable tier underway."""
         super().flush()
         self._witnesses.flush()
-        if self.persister is not None:  # the copy underway, then the witness of the step it copied
-            self.persister.flush()
-            self.persister.refresh_witness()
-            self.persister.flush()
+        for persister in (self.replica, self.persister):  # the copy underway, then its step's witness
+            if persister is not None:
+                persister.flush()
+                persister.refresh_witness()
+                persister.flush()
 
     def close(self) -> None:
         super().close()
         self._witnesses.close()
+        if self.replica is not None:
+            self.replica.close()
         if self.persister is not None:
             self.persister.close()
+        if self.link is not None:  # serves this tier until the other machine's last copy landed
+            self.link.close()
         self._settler.close(self.timeline)
         self._drop_writer()
         self._release()

@@ -131,7 +131,7 @@ def run_nodes(nproc: int, cwd: Path, environ: dict[str, str], nnodes: int = 2,
               kill_node_when: Callable[[list[list[str]]], int | None] | None = None,
               script: Path = TRAINEE, on_line: Callable[[list[str], int], None] | None = None,
               kill_job_when: Callable[[list[str]], bool] | None = None,
-              exit_timeout: float = 90.0) -> list[Result]:
+              exit_timeout: float = 90.0, node_env: list[dict[str, str]] | None = None) -> list[Result]:
     """One job of ``nnodes`` torchrun agents (``nproc`` ranks each), one :class:`Result` per agent.
 
     ``kill_node_when(lines per agent)`` names an agent whose family (agent and ranks) is
@@ -139,7 +139,8 @@ def run_nodes(nproc: int, cwd: Path, environ: dict[str, str], nnodes: int = 2,
     and are waited for: one still running ``exit_timeout`` s after the kill (or after another
     agent ended on its own) is killed too and its result says ``hung``. ``kill_job_when(lines
     of an agent)`` SIGKILLs every agent at once; ``on_line(lines of an agent, its pid)`` runs
-    after each line (e.g. to send a signal).
+    after each line (e.g. to send a signal). ``node_env[n]``: what agent ``n``'s environment adds
+    to ``environ`` (each node's own ``RAVEX_LOCAL``, as each machine has its own disk).
     """
     port = free_port() if nnodes > 1 else 0
     tag = f"{os.getpid()}-{threading.get_ident()}-{next(_LAUNCHES)}"  # each launch its own files
@@ -159,7 +160,8 @@ def run_nodes(nproc: int, cwd: Path, environ: dict[str, str], nnodes: int = 2,
     try:
         for node in range(nnodes):
             with open(err_paths[node], "w") as err:
-                proc = subprocess.Popen(_argv(nproc, script, nnodes, node, port), cwd=cwd, env=environ,
+                own = environ if node_env is None else {**environ, **node_env[node]}
+                proc = subprocess.Popen(_argv(nproc, script, nnodes, node, port), cwd=cwd, env=own,
                                         stdout=subprocess.PIPE, stderr=err, text=True,
                                         start_new_session=True)
             procs.append(proc)

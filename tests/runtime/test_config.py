@@ -59,6 +59,8 @@ def test_unknown_storage_key_is_named_with_its_section(tmp_path):
         ("checkpoint_on_signal: [SIGKILL]\n", r"not a signal that can be caught"),
         ("local: s3://bucket/fast\n", r"'local'.*a path on this machine.*a remote store is 'storage:'"),
         ("persist_every: 0\n", r"'persist_every'"),
+        ("replicas: 2\n", r"'replicas'.*expected 0 .* or 1 .*other machine.*got 2"),
+        ("replicas: true\n", r"'replicas'.*expected 0 .* or 1"),
         ("- a\n- b\n", r"expected a mapping"),
     ],
 )

@@ -30,7 +30,7 @@ from .gc import DEFAULT_GRACE_SECONDS
 if TYPE_CHECKING:
     from ..storage import PendingWrite
 
-__all__ = ["COPY_THREADS", "CopyReport", "copy_step"]
+__all__ = ["COPY_THREADS", "CopyReport", "copy_step", "ensure_timelines"]
 
 #: Objects copied at once: an object store answers each in ~20-50 ms, so a few in flight keep
 #: the link busy; memory holds at most this many objects (a pack or a chunk each, <= ~16 MiB).
@@ -98,7 +98,7 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
         raise StepNotFoundError(
             f"{src.url!r} has no complete step {_ref(owner, step)} to copy ({info.problem or 'incomplete'}); "
             f"complete steps of timeline {owner.timeline.name!r}: {has[-8:] if has else 'none'}")
-    target = _view(dst, _ensure_timelines(dst, reversed(chain))[owner.timeline.name])
+    target = _view(dst, ensure_timelines(dst, reversed(chain))[owner.timeline.name])
     report = CopyReport(step, owner.timeline.name)
     present = set(manifest_ranks(dst.storage.list_dir(target.step_dir(step))))
     todo: dict[int, bytes] = {}
@@ -142,10 +142,11 @@ def _ref(view: StoreCatalog, step: int) -> str:
     return str(step) if view.timeline.name == MAIN else f"{view.timeline.name}@{step}"
 
 
-def _ensure_timelines(dst: StoreCatalog, chain: Iterable[Timeline]) -> dict[str, Timeline]:
+def ensure_timelines(dst: StoreCatalog, chain: Iterable[Timeline]) -> dict[str, Timeline]:
     """``dst``'s timelines, with those of ``chain`` (oldest ancestor first) created where missing,
     as the source has them; one that exists with another parent or fork step is a
-    :class:`ManifestError` (two histories under one name)."""
+    :class:`ManifestError` (two histories under one name). A step's copy makes its timelines so;
+    so does a rank that finds the timeline its run forked in another machine's store, not its own."""
     have = read_timelines(dst.storage)
     for t in chain:
         if t.name not in have:

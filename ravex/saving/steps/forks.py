@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ravex.format import CheckpointStore, RavexError
-from ravex.format.history.timelines import split_ref
+from ravex.format.history.timelines import lineage, split_ref
+from ravex.format.maintenance.tiers import ensure_timelines
 
 logger = logging.getLogger("ravex")
 
@@ -31,6 +32,9 @@ class TimelineForks:
     _fork_from: tuple[Any, int | None] | None
     _handed: tuple[int, Any] | None  # (step, its view): checked and pinned, read and handed over from here
     _drop_writer: Callable[[], None]  # the backend's: the next write opens a writer on the timeline chosen
+    #: ``replicas: 1``: the other machine's local tier, where rank 0 forks when this rank's tier is
+    #: not rank 0's (:meth:`fork_agreed` takes the timeline from there)
+    fork_peer: CheckpointStore | None = None
 
     def resume_point(self, resume: int | str, follow: bool = False) -> int:
         """``60`` or ``exp@60``: resuming the newest step of a timeline continues that timeline;
@@ -92,6 +96,22 @@ class TimelineForks:
         # docstring: CheckpointBackend's
         return self._fork_from is not None
 
+    def _forked_by_run(self, store: CheckpointStore, parent: str | None, step: int | None) -> list[Any]:
+        """The timelines of ``store`` this run started from ``parent`` at ``step``."""
+        return [t for t in store.timelines().values() if t.run == self._run_id and
+                t.parent == parent and t.fork_step == step]
+
+    def _adopt_fork(self, peer: CheckpointStore, parent: str | None, step: int | None) -> list[Any]:
+        """This run's fork as ``peer`` holds it, created in this rank's store too (with its
+        ancestors, as a step's copy would): [it], or what ``peer`` holds if not exactly one."""
+        theirs = self._forked_by_run(peer, parent, step)
+        if len(theirs) != 1:
+            return theirs
+        chain = lineage(peer.timelines(), theirs[0].name)
+        made = ensure_timelines(self.store, reversed(chain))
+        logger.debug("ravex: timeline %r of this run taken from %s", theirs[0].name, peer.url)
+        return [made[theirs[0].name]]
+
     def fork_agreed(self, rank: int, agree: Callable[[bool], bool]) -> None:
         """Several ranks rolling back, after they agreed on the run id (``set_run``): rank 0
         forks the timeline, once, its document naming that run; ``agree(ok)`` (every rank, True
@@ -116,8 +136,9 @@ class TimelineForks:
                                 " (its error is in rank 0's output)"))
         if rank != 0:
             parent = None if owner is None else owner.timeline.name
-            found = [t for t in self.store.timelines().values() if t.run == self._run_id and
-                     t.parent == parent and t.fork_step == step]
+            found = self._forked_by_run(self.store, parent, step)
+            if not found and self.fork_peer is not None:  # rank 0 forked on the other machine's tier
+                found = self._adopt_fork(self.fork_peer, parent, step)
             if len(found) != 1:
                 raise RavexError(f"{asked}: rank 0 started this run's timeline, but this rank finds "
                                  f"{len(found)} timelines started by run {self._run_id} in {self.url!r}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 
 from ravex.format import CheckpointStore
 from ravex.format.history.witness import read_witness, write_witness
@@ -36,22 +37,32 @@ COPY, WITNESS = "copy", "witness"
 class Persister:
     """The background copy of local steps to the durable tier, one at a time, newest wins.
 
-    ``ranks``: the ranks whose manifests this process copies (its own: every rank copies what
-    it wrote, so ranks never wait on each other); rank 0 also applies the durable retention."""
+    ``rank``: whose manifests this process copies (its own: every rank copies what it wrote, so
+    ranks never wait on each other); rank 0 also applies the retention of the destination.
+    ``tier``: what the destination is, for the log lines (``storage``, or ``replica``: the
+    other machine's local tier, :mod:`.replicas`, which takes every step). ``in_order``: copy
+    every queued step, oldest first, none overtaken: the replica's, because a step that reached
+    the other tier for some ranks only is no step of that tier (the resume's agreement and a
+    rollback there need each step the local tier holds); the queue holds step numbers only, and
+    the local retention waits while it is not empty."""
 
     def __init__(self, durable: CheckpointStore, every: int, keep_last: int | None,
-                 rank: int = 0) -> None:
+                 rank: int = 0, tier: str = "storage", in_order: bool = False,
+                 keep_every: int | None = None) -> None:
         self.durable = durable
         self.every = every
         self.keep_last = keep_last
+        self.keep_every = keep_every  # the replica's: the other tier keeps what the local one does
         self.rank = rank
+        self.tier = tier
         self.commits = 0
         self.persisted_step: int | None = None
         self.last_error: str | None = None
         self._newest_local: tuple[CheckpointStore, int] | None = None
         self._persisted: tuple[CheckpointStore, int] | None = None  # the newest step copied, and whence
         self._cv = threading.Condition()
-        self._pending: tuple[str, CheckpointStore, int] | None = None
+        self.in_order = in_order
+        self._pending: deque[tuple[str, CheckpointStore, int]] = deque()
         self._copying = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ravex-persist", daemon=True)
@@ -77,23 +88,25 @@ class Persister:
         """Queue the copy of the local witness of the newest step copied (spec §22): it grows as
         the steps after it run, and a rerun that resumes that step from the durable tier checks
         itself against it. One small write; nothing when a copy is queued."""
-        if self._persisted is not None and self._pending is None:
+        if self._persisted is not None and not self._pending:
             self._offer((WITNESS, *self._persisted))
 
     @property
     def copying(self) -> bool:
         """A copy is queued or reading from the local tier (its retention waits)."""
-        return self._copying or self._pending is not None
+        return self._copying or bool(self._pending)
 
     def _offer(self, job: tuple[str, CheckpointStore, int]) -> None:
         with self._cv:
-            self._pending = job
+            if not self.in_order:  # newest wins
+                self._pending.clear()
+            self._pending.append(job)
             self._cv.notify_all()
 
     def flush(self) -> None:
         """Wait until no copy is queued or running."""
         with self._cv:
-            while self._pending is not None or self._copying:
+            while self._pending or self._copying:
                 self._cv.wait()
 
     def close(self) -> None:
@@ -110,11 +123,11 @@ class Persister:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while self._pending is None and not self._closed:
+                while not self._pending and not self._closed:
                     self._cv.wait()
-                if self._pending is None:
+                if not self._pending:
                     return
-                (kind, timeline, step), self._pending = self._pending, None
+                kind, timeline, step = self._pending.popleft()
                 self._copying = True
             try:
                 if kind == COPY:
@@ -126,6 +139,9 @@ class Persister:
                 logger.error("ravex: copying %sstep %d to %s FAILED (it stays in the local tier; the "
                              "next copy retries): %s: %s", "the witness of " if kind == WITNESS else "",
                              step, self.url, type(exc).__name__, exc)
+                with self._cv:  # a destination that fails gets the newest step next, not the backlog
+                    while len(self._pending) > 1:
+                        self._pending.popleft()
             with self._cv:
                 self._copying = False
                 self._cv.notify_all()
@@ -135,25 +151,35 @@ class Persister:
 
         started = time.perf_counter()
         report = copy_step(timeline, self.durable, step, ranks=[self.rank])
+        previous = self._persisted
+        # every step copied (the replica's): no commit between copies refreshes the witness of the
+        # step copied before this one (refresh_witness), which grew up to this step: copy it now
+        if self.every == 1 and previous is not None and previous[1] != step:
+            try:
+                self._copy_witness(*previous)
+            except Exception as exc:  # collected by the local retention meanwhile: nothing to grow
+                logger.debug("ravex: the witness of step %d was not copied to %s: %s", previous[1], self.url, exc)
         self.persisted_step = step
         self._persisted = (timeline, step)
         self.last_error = None
         collected = ""
-        if self.rank == 0 and self.keep_last is not None:
+        if self.rank == 0 and (self.keep_last is not None or self.keep_every is not None):
             gc_started = time.perf_counter()
             try:
-                self.durable.gc(keep_last=self.keep_last)
+                self.durable.gc(keep_last=self.keep_last, keep_every=self.keep_every)
                 collected = f", gc {ms(time.perf_counter() - gc_started)} ms"
             except Exception as exc:
                 logger.warning("ravex: retention (gc) of %s failed after step %d: %s", self.url, step, exc)
-        logger.info("ravex: step %d persisted: tiers local + storage | %d objects (%s) sent, %d already "
-                    "there%s | in background %s ms -> %s", step, report.objects_copied,
+        logger.info("ravex: step %d %s: tiers local + %s | %d objects (%s) sent, %d already "
+                    "there%s | in background %s ms -> %s", step,
+                    "persisted" if self.tier == "storage" else "replicated", self.tier, report.objects_copied,
                     mib(report.bytes_copied), report.objects_present, collected,
                     ms(time.perf_counter() - started), self.url)
 
     def _copy_witness(self, timeline: CheckpointStore, step: int) -> None:
-        # unchecked: under torchrun another rank may not have committed the step here yet, and
-        # this rank's own witness is all that is copied
+        # this rank's own witness: the step need not be complete here yet (another rank of this
+        # machine may not have committed it; with several machines the other ranks' manifests
+        # land in the local tier later, with their replicas)
         owner, number = timeline.locate(step, check=False)
         witness = read_witness(owner.storage, owner.steps_prefix, number, self.rank)
         if witness is not None and witness.entries:
@@ -178,11 +204,13 @@ def newer_in_durable(local: CheckpointStore, durable: CheckpointStore) -> tuple[
     return owner, step
 
 
-def fetch(local: CheckpointStore, durable: CheckpointStore) -> int | None:
+def fetch(local: CheckpointStore, durable: CheckpointStore, source: str = "the durable tier") -> int | None:
     """Copy the durable tier's newer step into the local tier (:func:`newer_in_durable`): every
     rank's manifests and witnesses (the resume checks itself against them, spec §22). The ranks of
     one machine share the local tier and each calls this: one of them copies, under the tier's
-    lock, and says so; the others find the step there. The step fetched, or None."""
+    lock, and says so; the others find the step there. The step fetched, or None. ``source``
+    names ``durable`` in the log line (the other machine's local tier is fetched from too:
+    :mod:`.replicas`)."""
     from ravex.format import copy_step
 
     with local.storage.exclusive():
@@ -197,13 +225,15 @@ def fetch(local: CheckpointStore, durable: CheckpointStore) -> int | None:
             witness = read_witness(owner.storage, owner.steps_prefix, step, rank)
             if witness is not None:
                 write_witness(there.storage, there.steps_prefix, witness)
-    logger.info("ravex: step %d came from the durable tier %s (the local tier %s had no step as new): "
-                "%d objects (%s) in %s ms", step, durable.url, local.url, report.objects_copied,
+    logger.info("ravex: step %d came from %s %s (the local tier %s had no step as new): "
+                "%d objects (%s) in %s ms", step, source, durable.url, local.url, report.objects_copied,
                 mib(report.bytes_copied), ms(time.perf_counter() - started))
     return step
 
 
-def describe(queued: bool) -> str:
-    """The tiers half of a checkpoint's line: the local tier holds it; the durable one will
-    once a queued copy ends (its own line says so)."""
-    return " | tiers: local, to storage in background" if queued else " | tiers: local"
+def describe(queued: bool, replica: bool = False) -> str:
+    """The tiers half of a checkpoint's line: the local tier holds it; the other machine's
+    local tier (``replica``) and the durable one will once their queued copies end (their own
+    lines say so)."""
+    later = [name for name, yes in (("replica", replica), ("storage", queued)) if yes]
+    return f" | tiers: local, to {' + '.join(later)} in background" if later else " | tiers: local"

@@ -1,0 +1,195 @@
+"""``replicas: 1`` (issue 33 item 2): two torchrun agents as two machines on this host, one rank
+each, each machine with its own local tier (``RAVEX_LOCAL`` per agent), one moto S3 bucket as
+the durable tier. Checkpoints every 4 steps land in both local tiers (each rank's own, and a
+replica of the other machine's rank); only every 2nd is copied to the bucket. One machine is
+SIGKILLed after step 13 (checkpoint 12 only in the local tiers, 8 in the bucket; the other
+machine fails on its own), its local tier is deleted, and the rerun resumes from step 12 through
+the other machine's tier, not from the bucket's 8, ending bitwise equal to an uninterrupted run.
+A rollback (``resume: 8``) forks the timeline in both machines' tiers."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from rhelpers import BUCKET, KEY, SECRET, options_for
+
+from ravex.format import open_store
+from tests.distributed import dharness as h
+
+STEPS = 16  # 2 epochs x 8 batches per rank at 2 ranks
+
+
+def _both_blocked():
+    """True once both agents' ranks printed BLOCKED (each agent's lines come separately)."""
+    seen: set[str] = set()
+
+    def check(lines: list[str]) -> bool:
+        if lines and lines[-1].startswith("BLOCKED "):
+            seen.add(lines[-1].split()[1])
+        return seen >= {"0", "1"}
+
+    return check
+
+
+@dataclass
+class Job:
+    cwd: Path
+    url: str
+    tiers: list[Path]
+    environ: dict[str, str]  # what both agents' environments add (the bucket's credentials)
+
+    @property
+    def per_node(self) -> list[dict[str, str]]:
+        return [{"RAVEX_LOCAL": str(tier)} for tier in self.tiers]
+
+    def run(self, **extra: str) -> list[h.Result]:
+        return h.run_nodes(1, self.cwd, h.env(T_ENTRY="activate", **self.environ, **extra), nnodes=2,
+                           node_env=self.per_node)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 2-rank run without Ravex: its result and final state."""
+    where = tmp_path_factory.mktemp("replicas-reference")
+    ref = h.run(2, where, h.env(T_ENTRY="none", T_OUT=str(where / "final.pt")))
+    assert ref.returncode == 0, ref.explain()
+    return ref, torch.load(where / "final.pt", weights_only=False)
+
+
+@pytest.fixture
+def job(moto_server, tmp_path) -> Job:
+    """The two-machine job's folder: checkpoints every 4 steps, every 2nd to the bucket."""
+    url = f"s3://{BUCKET}/replicas-{uuid.uuid4().hex[:12]}"
+    cwd = tmp_path / "job"
+    cwd.mkdir()
+    (cwd / "ravex.yaml").write_text(
+        f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
+        f"checkpoint_every: 4\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
+    return Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
+               {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
+
+
+def _first_run(job: Job, reference, moto_server, killed: int | None) -> None:
+    """Train to step 13 and SIGKILL: machine ``killed`` alone (its rank blocks after step 13 while
+    the other trains on into the next all-reduce and fails on its own, as a cluster's surviving
+    machines do), or the whole job (None). Step 12 is then in both local tiers, 8 in the bucket."""
+    ref, _ = reference
+    environ = h.env(T_ENTRY="activate", T_BLOCK_AT="13", **job.environ)
+    if killed is None:
+        results = h.run_nodes(1, job.cwd, environ, nnodes=2, node_env=job.per_node, kill_job_when=_both_blocked())
+    else:
+        environ["T_BLOCK_RANKS"] = str(killed)  # rank r is machine r's one rank
+        seen = _both_blocked()
+        results = h.run_nodes(1, job.cwd, environ, nnodes=2, node_env=job.per_node,
+                              kill_node_when=lambda lines: killed if seen(lines[0]) or seen(lines[1]) else None)
+        assert not results[1 - killed].hung, results[1 - killed].explain()  # it failed on its own
+    first = h.joined(results)
+    assert first.killed, first.explain()
+    for rank in (0, 1):
+        got = first.losses(rank)
+        assert got == {s: v for s, v in ref.losses(rank).items() if s in got}, "ravex perturbed training"
+    for tier in job.tiers:  # each machine's tier holds both ranks' manifests of steps 8 and 12
+        assert open_store(tier).current().complete_steps()[-2:] == [8, 12], first.explain()
+    assert _bucket(job, moto_server).current().complete_steps() == [8], first.explain()  # the 2nd checkpoint
+    assert "replicated: tiers local + replica" in first.stderr, first.explain()
+    for result in results if killed is None else [results[killed]]:  # a survivor's copies fail once alone
+        assert "FAILED" not in result.stderr and "Traceback" not in result.stderr, first.explain()
+
+
+def _bucket(job: Job, moto_server):
+    return open_store(job.url, storage_options=options_for(moto_server.url))
+
+
+def _check_resumed(second: h.Result, reference, expect: int) -> None:
+    ref, _ = reference
+    assert second.returncode == 0, second.explain()
+    for rank in (0, 1):
+        assert second.restored(rank) == expect, second.explain()
+        assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > expect}, second.explain()
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["node1-lost", "node0-lost"])
+def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(job, moto_server, tmp_path,
+                                                                              reference, lost):
+    _first_run(job, reference, moto_server, killed=lost)
+    shutil.rmtree(job.tiers[lost])  # the machine is gone with its disk; a new one takes its place
+    out = tmp_path / "final.pt"
+    results = job.run(T_OUT=str(out))
+    second = h.joined(results)
+    _check_resumed(second, reference, 12)
+    assert "ravex: step 12 came from the other machine's local tier" in results[lost].stderr, second.explain()
+    assert "came from the durable tier" not in second.stderr, second.explain()
+    # the lost machine's rank checked itself against its own witness, which came back with the step
+    assert "ravex: resume verified: after step 12, step 13 matches the run that wrote it on 2 ranks" \
+        in second.stderr, second.explain()
+    assert "FAILED" not in second.stderr and "did not" not in second.stderr, second.explain()
+    h.assert_same_state(torch.load(out, weights_only=False), reference[1])
+    assert _bucket(job, moto_server).current().complete_steps()[-1] == STEPS, second.explain()  # at exit
+    for tier in job.tiers:
+        assert open_store(tier).current().complete_steps()[-1] == STEPS, second.explain()
+
+
+def test_a_rollback_forks_the_timeline_in_both_machines_tiers_bitwise(job, moto_server, tmp_path, reference):
+    """``resume: 8`` (older than the newest step, 12): rank 0 forks the timeline in its machine's
+    tier; the other machine's rank takes the fork from there, and both tiers get its steps."""
+    _first_run(job, reference, moto_server, killed=None)
+    out = tmp_path / "final.pt"
+    second = h.joined(job.run(T_OUT=str(out), RAVEX_RESUME="8"))
+    _check_resumed(second, reference, 8)
+    h.assert_same_state(torch.load(out, weights_only=False), reference[1])
+    for tier in job.tiers:
+        current = open_store(tier).current()
+        assert current.timeline.fork_step == 8 and current.complete_steps()[-1] == STEPS, second.explain()
+
+
+@pytest.mark.slow
+def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server, tmp_path):
+    """Two machines of two ranks each (ranks 0,1 | 2,3; pairs 0-2 and 1-3): each tier holds all
+    four ranks' manifests; with machine 1's tier gone its two ranks take step 6 from machine 0's
+    tier, once (under the tier's lock), and the job ends bitwise equal to an uninterrupted run.
+    ``find_unused_parameters`` keeps 4-rank DDP bitwise across a restart (see test_ddp)."""
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    ref_out = ref_dir / "final.pt"
+    ref = h.run(4, ref_dir, h.env(T_ENTRY="none", T_FIND_UNUSED="1", T_OUT=str(ref_out)))
+    assert ref.returncode == 0, ref.explain()
+    url = f"s3://{BUCKET}/replicas4-{uuid.uuid4().hex[:12]}"
+    cwd = tmp_path / "job"
+    cwd.mkdir()
+    (cwd / "ravex.yaml").write_text(
+        f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
+        f"checkpoint_every: 2\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
+    job = Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
+              {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "T_FIND_UNUSED": "1"})
+    seen: set[str] = set()
+
+    def all_blocked(lines: list[str]) -> bool:
+        if lines and lines[-1].startswith("BLOCKED "):
+            seen.add(lines[-1].split()[1])
+        return seen >= {"0", "1", "2", "3"}
+
+    first = h.joined(h.run_nodes(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="7", **job.environ), nnodes=2,
+                                 node_env=job.per_node, kill_job_when=all_blocked))
+    assert first.killed, first.explain()
+    for tier in job.tiers:
+        store = open_store(tier).current()
+        assert store.complete_steps()[-2:] == [4, 6], first.explain()
+        assert list(store.step_info(6).ranks) == [0, 1, 2, 3], first.explain()
+    assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
+
+    shutil.rmtree(job.tiers[1])
+    out = tmp_path / "final.pt"
+    results = h.run_nodes(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out), **job.environ), nnodes=2,
+                          node_env=job.per_node)
+    second = h.joined(results)
+    assert second.returncode == 0, second.explain()
+    assert results[1].stderr.count("ravex: step 6 came from the other machine's local tier") == 1, second.explain()
+    for rank in range(4):
+        assert second.restored(rank) == 6, second.explain()
+        assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > 6}, second.explain()
+    h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
