@@ -65,6 +65,19 @@ def test_a_wrong_token_is_refused(served):
         intruder.read("ravex.json")
 
 
+def test_a_connection_naming_a_huge_first_frame_is_closed_unread(served):
+    """Before the token, a frame's lengths buy nothing: the server closes the connection rather
+    than allocate what an unknown caller names (here 8 GiB, then wait for them), and goes on serving."""
+    import socket
+    import struct
+
+    _, client = served
+    with socket.create_connection(("127.0.0.1", client.port), timeout=10) as sock:
+        sock.sendall(struct.pack("!QQ", 1 << 33, 0))
+        assert sock.recv(1) == b""  # closed by the server
+    assert client.list_dir("objects") == []  # the server still answers the job's client
+
+
 def test_a_key_outside_the_store_is_refused(tmp_path, served):
     _, client = served
     (tmp_path / "secret.txt").write_text("not yours")

@@ -63,8 +63,16 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(out)
 
 
-def _recv(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+#: the largest first frame a server reads from a connection not yet known to hold the token
+HELLO_MAX_BYTES = 4096
+
+
+def _recv(sock: socket.socket, most: int | None = None) -> tuple[dict[str, Any], bytes]:
+    """One frame; with ``most``, a frame larger than that is refused unread (a caller not yet
+    known to hold the token gets no buffer of the size it names)."""
     head_len, payload_len = _LENGTHS.unpack(_recv_exact(sock, _LENGTHS.size))
+    if most is not None and head_len + payload_len > most:
+        raise ConnectionError(f"a frame of {head_len + payload_len} bytes where at most {most} were expected")
     header = json.loads(_recv_exact(sock, head_len))
     if not isinstance(header, dict):
         raise ConnectionError("a frame's header is not a JSON object")
@@ -118,7 +126,7 @@ class StorageServer:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                hello, _ = _recv(conn)
+                hello, _ = _recv(conn, HELLO_MAX_BYTES)
                 if not hmac.compare_digest(str(hello.get("token", "")), self.token):
                     logger.warning("ravex: a connection to the local tier's server without this job's token "
                                    "was refused")
