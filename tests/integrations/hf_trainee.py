@@ -5,7 +5,9 @@ enable`` + ``ravex.yaml`` a rerun must resume it exactly, and a rerun of a finis
 nothing and save and evaluate the trained model. Runs as one process or under ``torchrun``.
 
 Prints ``STEP <global_step> <epoch> W<step>`` after every optimizer step, ``<step>`` being the
-newest checkpoint Ravex has written when it runs (a test SIGKILLs once that one is far enough) and,
+newest checkpoint Ravex has written when it runs (a test SIGKILLs once that one is far enough; at
+step ``$T_FLUSH_AT`` the callback first waits for what Ravex is writing, ``ravex.flush()``, so that
+the kill comes however slowly the machine writes) and,
 at the end, rank 0 writes the final weights, Trainer's log history and the evaluation's loss to
 ``$T_OUT`` (``torch.save``).
 """
@@ -20,6 +22,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 SAMPLES, SEQ, VOCAB, BATCH = 120, 16, 64, 4  # 30 steps per epoch (15 a rank under torchrun x2)
 MAX_STEPS = int(os.environ.get("T_MAX_STEPS", "60"))
+FLUSH_AT = int(os.environ.get("T_FLUSH_AT", "0"))
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -37,6 +40,8 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 class Report(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         ravex = sys.modules.get("ravex")  # loaded by `ravex enable`'s autoloader, never imported here
+        if ravex is not None and state.global_step == FLUSH_AT:
+            ravex.flush()
         written = ravex.status().get("last_written_step") if ravex is not None else None
         print(f"STEP {state.global_step} {state.epoch:.4f} W{written}", flush=True)
 

@@ -51,15 +51,17 @@ def _written_at_least(step: int) -> str:
 
 @pytest.mark.parametrize("epoch", [0, 1])
 def test_trainer_killed_in_either_epoch_resumes_bitwise(tmp_path, uninterrupted, enabled, epoch):
-    # A random checkpoint of the epoch; the run is killed once that one is on storage. The
-    # STEP lines report a checkpoint a few steps after it was taken, so the last one of the run
-    # (step 60) is never reported before the run ends: the kill waits for 56 at the latest.
+    # A random checkpoint of the epoch; the run is killed once that one is on storage. It is
+    # taken as the next step starts, and that step's end waits for it to be written, so the
+    # kill comes before the run ends however slowly this machine writes (56 at the latest: the
+    # last one, 60, is never reported before the run ends).
     seed = random.randrange(10**6)
     first = epoch * PER_EPOCH + EVERY * random.Random(seed).randint(1, (PER_EPOCH - 2) // EVERY)
     first = min(first, STEPS - EVERY)
     (tmp_path / "ravex.yaml").write_text(f"storage: ./ckpt\ncheckpoint_every: {EVERY}\n")
     env = harness.child_env(T_OUT=str(tmp_path / "final.pt"), **ENV)
-    killed = harness.run([enabled, str(TRAINEE)], tmp_path, env, kill_on=_written_at_least(first))
+    killed = harness.run([enabled, str(TRAINEE)], tmp_path, dict(env, T_FLUSH_AT=str(first + 1)),
+                         kill_on=_written_at_least(first))
     assert killed.returncode == -9, f"seed {seed}: " + killed.explain()
 
     rerun = harness.run([enabled, str(TRAINEE)], tmp_path, env)
