@@ -52,12 +52,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             )
         out.print(table)
     checked = f"{len(report.steps_checked)} steps"
+    orphans = sum(f.kind == "orphan_object" for f in warnings)
+    counted = f"{len(warnings)} warnings" + (f", {orphans} of them orphan objects" if orphans > ORPHAN_ROWS else "")
     if args.full:
         checked += f", {report.objects_checked} objects rehashed"
     if report.ok:
-        out.print(f"[green]ok[/]: {report.url} ({checked}; {len(warnings)} warnings)")
+        out.print(f"[green]ok[/]: {report.url} ({checked}; {counted})")
         return EXIT_OK
-    out.print(f"[red]{len(errors)} errors[/] in {report.url} ({checked}; {len(warnings)} warnings)")
+    out.print(f"[red]{len(errors)} errors[/] in {report.url} ({checked}; {counted})")
     return EXIT_FINDING
 
 

@@ -358,6 +358,6 @@ def test_validate_folds_many_orphan_objects_into_one_row_and_json_lists_each(cli
     assert r.rc == 0, r
     assert "5 objects are named by no manifest" in r.out and "incomplete_step" in r.out
     assert not [d for d in map(digest, blobs) if d in r.out]  # no row of its own
-    assert "(4 steps; 6 warnings)" in r.out
+    assert "(4 steps; 6 warnings, 5 of them orphan objects)" in r.out
     orphans = [f for f in cli("validate", run_store, "--json").json()["findings"] if f["kind"] == "orphan_object"]
     assert sorted(f["object"] for f in orphans) == sorted(map(digest, blobs))
