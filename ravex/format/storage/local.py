@@ -290,6 +290,5 @@ class LocalStorage(Storage):
             os.rmdir(folder)
         except OSError:
             return
-        with self._lock:
-            self._made.discard(folder)  # a later write there makes it again
-            self._dirty.discard(folder)
+        with self._lock:  # nothing left there to sync; and a late write there (a retired step's
+            self._dirty.discard(folder)  # witness) fails rather than make the folder again
