@@ -61,17 +61,21 @@ def reference(tmp_path_factory):
     return ref, torch.load(where / "final.pt", weights_only=False)
 
 
-@pytest.fixture
-def job(moto_server, tmp_path) -> Job:
-    """The two-machine job's folder: checkpoints every 4 steps, every 2nd to the bucket."""
-    url = f"s3://{BUCKET}/replicas-{uuid.uuid4().hex[:12]}"
-    cwd = tmp_path / "job"
+def _job(moto_server, folder: Path, name: str, every: int, **env: str) -> Job:
+    """A two-machine job's folder: checkpoints every ``every`` steps, every 2nd to the bucket."""
+    url = f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:12]}"
+    cwd = folder / "job"
     cwd.mkdir()
     (cwd / "ravex.yaml").write_text(
         f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
-        f"checkpoint_every: 4\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
+        f"checkpoint_every: {every}\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
     return Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
-               {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
+               {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, **env})
+
+
+@pytest.fixture
+def job(moto_server, tmp_path) -> Job:
+    return _job(moto_server, tmp_path, "replicas", 4)
 
 
 def _first_run(job: Job, reference, moto_server, killed: int | None) -> None:
@@ -158,14 +162,7 @@ def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server
     ref_out = ref_dir / "final.pt"
     ref = h.run(4, ref_dir, h.env(T_ENTRY="none", T_FIND_UNUSED="1", T_OUT=str(ref_out)))
     assert ref.returncode == 0, ref.explain()
-    url = f"s3://{BUCKET}/replicas4-{uuid.uuid4().hex[:12]}"
-    cwd = tmp_path / "job"
-    cwd.mkdir()
-    (cwd / "ravex.yaml").write_text(
-        f"storage:\n  url: {url}\n  endpoint: {moto_server.url}\n  region: us-east-1\n  path_style: true\n"
-        f"checkpoint_every: 2\npersist_every: 2\nkeep_last: 2\npersist_keep_last: null\nreplicas: 1\n")
-    job = Job(cwd, url, [cwd / "local-node0", cwd / "local-node1"],
-              {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "T_FIND_UNUSED": "1"})
+    job = _job(moto_server, tmp_path, "replicas4", 2, T_FIND_UNUSED="1")
     seen: set[str] = set()
 
     def all_blocked(lines: list[str]) -> bool:
@@ -173,7 +170,7 @@ def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server
             seen.add(lines[-1].split()[1])
         return seen >= {"0", "1", "2", "3"}
 
-    first = h.joined(h.run_nodes(2, cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="7", **job.environ), nnodes=2,
+    first = h.joined(h.run_nodes(2, job.cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="7", **job.environ), nnodes=2,
                                  node_env=job.per_node, kill_job_when=all_blocked))
     assert first.killed, first.explain()
     for tier in job.tiers:
@@ -184,7 +181,7 @@ def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server
 
     shutil.rmtree(job.tiers[1])
     out = tmp_path / "final.pt"
-    results = h.run_nodes(2, cwd, h.env(T_ENTRY="activate", T_OUT=str(out), **job.environ), nnodes=2,
+    results = h.run_nodes(2, job.cwd, h.env(T_ENTRY="activate", T_OUT=str(out), **job.environ), nnodes=2,
                           node_env=job.per_node)
     second = h.joined(results)
     assert second.returncode == 0, second.explain()
