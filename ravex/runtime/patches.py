@@ -106,8 +106,7 @@ def _noting_appends(runtime: Any) -> Callable[[Any], Any]:
         @functools.wraps(original)
         def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             handle = original(file, mode, *args, **kwargs)
-            if "a" in mode:
-                runtime.registry.appended.opened(file, mode, handle)
+            runtime.registry.appended.opened(file, mode, handle)  # it keeps those opened for appending
             return handle
 
         return open
