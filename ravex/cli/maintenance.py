@@ -37,8 +37,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = console()
     errors = [f for f in report.findings if f.severity == "error"]
     warnings = [f for f in report.findings if f.severity != "error"]
+    orphans = sum(f.kind == "orphan_object" for f in warnings)
     if report.findings:
-        shown = errors + _orphans_folded(warnings)
+        shown = errors + _orphans_folded(warnings, orphans)
         from rich.table import Table
 
         table = Table()
@@ -52,7 +53,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
             )
         out.print(table)
     checked = f"{len(report.steps_checked)} steps"
-    orphans = sum(f.kind == "orphan_object" for f in warnings)
     counted = f"{len(warnings)} warnings" + (f", {orphans} of them orphan objects" if orphans > ORPHAN_ROWS else "")
     if args.full:
         checked += f", {report.objects_checked} objects rehashed"
@@ -67,15 +67,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 ORPHAN_ROWS = 3
 
 
-def _orphans_folded(warnings: list[Finding]) -> list[Finding]:
-    """``warnings`` with its orphan objects as one row where there are many: every run's store
-    holds some for an hour (the objects of the steps retention removed wait out GC's grace), and a
-    row each buried whatever else the table said."""
-    orphans = [f for f in warnings if f.kind == "orphan_object"]
-    if len(orphans) <= ORPHAN_ROWS:
+def _orphans_folded(warnings: list[Finding], orphans: int) -> list[Finding]:
+    """``warnings`` with its ``orphans`` orphan objects as one row where there are many: every
+    run's store holds some for an hour (the objects of the steps retention removed wait out GC's
+    grace), and a row each buried whatever else the table said."""
+    if orphans <= ORPHAN_ROWS:
         return warnings
     folded = Finding("orphan_object", (
-        f"{len(orphans)} objects are named by no manifest: garbage, not damage (the objects of steps "
+        f"{orphans} objects are named by no manifest: garbage, not damage (the objects of steps "
         f"retention removed wait out gc's {DEFAULT_GRACE_SECONDS / 60:.0f} min grace; a killed commit "
         f"leaves some too). `ravex gc` removes them; `--json` lists each"))
     return [f for f in warnings if f.kind != "orphan_object"] + [folded]
