@@ -127,8 +127,11 @@ def install(runtime: Any) -> Patches:
         patches.replace(torch.optim.lr_scheduler.ReduceLROnPlateau, "__init__",
                         _register_after("schedulers", runtime))
     patches.replace(torch.amp.GradScaler, "__init__", _register_after("scalers", runtime))
-    for owner in (builtins, io):
-        patches.replace(owner, "open", _noting_appends(runtime))
+    real_open = io.open
+    noting_open = _noting_appends(runtime)(real_open)  # builtins.open is io.open: one wrapper for both,
+    for owner in (builtins, io):  # so that pickle, which finds it as io.open, pickles it by that name
+        patches.replace(owner, "open", lambda original: noting_open if original is real_open
+                        else _noting_appends(runtime)(original))
 
     def loader_init(original: Any) -> Any:
         @functools.wraps(original)

@@ -57,3 +57,17 @@ def test_a_smaller_or_replaced_file_is_left_as_it_is_and_named(tmp_path, caplog)
     assert said.startswith("ravex: not cut back to their size at step 3") and "shrunk.csv (2 bytes, 12" in said
     assert "replaced.csv (another file by that name now)" in said and "same.csv (another" in said
     assert (tmp_path / "replaced.csv").read_text().endswith("2,0.25\n")
+
+
+def test_the_noting_open_pickles_as_the_builtin_it_wraps(ravex_clean, tmp_path):
+    """A script's objects that hold ``open`` (a DataLoader worker's dataset, a ``functools.partial``)
+    pickle as before while the runtime is active: by the name ``io.open``."""
+    import functools
+    import pickle
+
+    import ravex
+
+    ravex.activate(storage=str(tmp_path / "ck"), checkpoint_every=10**6, checkpoint_on_exit=False)
+    assert hasattr(open, "__wrapped__")  # the builtin is the runtime's wrapper now
+    assert pickle.loads(pickle.dumps(open)) is open
+    assert pickle.loads(pickle.dumps(functools.partial(open, "data.bin", "rb"))).func is open
