@@ -313,6 +313,23 @@ def test_transient_http_errors_classified_from_botocore():
     assert not is_transient(FileNotFoundError("NoSuchKey"))
 
 
+def test_a_missing_bucket_and_refused_credentials_say_the_fix():
+    from botocore.exceptions import ClientError
+
+    from ravex.format.storage.faults import storage_error
+
+    def failed(status, code):
+        cause = ClientError({"Error": {"Code": code, "Message": "no"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                            "PutObject")
+        return str(storage_error("s3://runs/mlp", "write", "ravex.json", cause))
+
+    assert failed(404, "NoSuchBucket").endswith(
+        "HTTP 404 NoSuchBucket: An error occurred (NoSuchBucket) when calling the PutObject operation: no; "
+        "fix: create the bucket (s3://runs), or name one that exists")
+    assert "; fix: use credentials allowed to write in s3://runs" in failed(403, "AccessDenied")
+    assert "fix:" not in failed(503, "SlowDown")
+
+
 def test_retry_policy_delays_grow_with_jitter():
     p = RetryPolicy(base_delay=0.2, max_delay=3.0)
     rng = np.random.default_rng(0)

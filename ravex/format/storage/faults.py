@@ -10,6 +10,7 @@ the store, the operation, the key and the cause.
 from __future__ import annotations
 
 import errno
+from urllib.parse import urlsplit
 
 from ..errors import StorageError
 
@@ -96,9 +97,31 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
 
 
+#: Service error codes that say what to change, and the fix said with them.
+_FIXES = {
+    "NoSuchBucket": "create the bucket ({scheme}://{bucket}), or name one that exists",
+    "AccessDenied": "use credentials allowed to {op} in {scheme}://{bucket} (AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, or a profile), or a bucket policy that allows them",
+    "InvalidAccessKeyId": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile) to a key the "
+                          "endpoint knows",
+    "SignatureDoesNotMatch": "check AWS_SECRET_ACCESS_KEY: it does not belong to the access key",
+}
+
+
+def _fix(url: str, op: str, exc: BaseException) -> str:
+    """``; fix: ...`` for a service error that names what to change, else ``""``."""
+    code = _http_status_and_code(exc)[1]
+    fix = _FIXES.get(code or "")
+    if fix is None:
+        return ""
+    parts = urlsplit(url)
+    return "; fix: " + fix.format(scheme=parts.scheme, bucket=parts.netloc, op=op)
+
+
 def storage_error(url: str, op: str, key: str, exc: BaseException, note: str = "") -> StorageError:
-    """The error a caller sees: the store, the operation, the key and the cause (its errno kept)."""
-    err = StorageError(f"store {url!r}: {op} {key!r} failed{note}: {describe(exc)}")
+    """The error a caller sees: the store, the operation, the key and the cause (its errno
+    kept), and the fix where the service's answer names one."""
+    err = StorageError(f"store {url!r}: {op} {key!r} failed{note}: {describe(exc)}{_fix(url, op, exc)}")
     if isinstance(exc, OSError) and exc.errno is not None:
         err.errno = exc.errno  # (not strerror: OSError.__str__ would then drop the message)
     return err
