@@ -41,7 +41,7 @@ from .ranks import place
 from .steps.forks import TimelineForks
 from .steps.replicas import Machines, ReplicaLink, check_machines
 from .steps.settler import Settler
-from .steps.tiers import Persister, describe, fetch
+from .steps.tiers import Persister, Unopened, describe, fetch
 from .witness_writer import WitnessWriter
 from .writer_thread import Job
 
@@ -102,9 +102,6 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
     records_runs: ClassVar[bool] = True
 
     def __init__(self, config: SavingSettings, rank: int = 0, world_size: int = 1) -> None:
-        durable = open_store(
-            config.storage.url, create=True, storage_options=config.storage.storage_options()
-        )
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -114,9 +111,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         self.link: ReplicaLink | None = None
         self.replica: Persister | None = None
         if config.local is None:
-            self.store = durable
+            self.store = self._open_durable()
         else:
-            self.store = self._two_tiers(config.local, durable)
+            self.store = self._two_tiers(config.local)
         #: the timeline this backend resumes from and writes to
         self.timeline = self.store.current()
         self._writer: Any = None
@@ -136,9 +133,20 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         super().__init__(self.store.url, as_numpy=True, config=config)
         self._witnesses = WitnessWriter(self._write_witness, self._saver.wait_idle, self._committed.__contains__)
 
-    def _two_tiers(self, local_path: str, durable: CheckpointStore) -> CheckpointStore:
+    def _open_durable(self) -> CheckpointStore:
+        storage = self.config.storage
+        return open_store(storage.url, create=True, storage_options=storage.storage_options())
+
+    def _two_tiers(self, local_path: str) -> CheckpointStore:
         """The local tier, holding the newest step of the other machine's local tier (``replicas:
-        1``) or of the durable tier, if it had none as new."""
+        1``) or of the durable tier, if it had none as new. A durable tier unreachable now is
+        fetched from later only by its copies (:class:`~.steps.tiers.Unopened`), where the
+        local tier holds a step to resume from."""
+        durable: CheckpointStore | Unopened
+        try:
+            durable = self._open_durable()
+        except RavexError as exc:
+            durable = Unopened(self.config.storage.url, self._open_durable, str(exc))
         machines = Machines.from_env(self.rank, self.world_size)
         replicas = self.config.replicas
         if replicas:
@@ -156,9 +164,27 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             fetch(local, self.link.peer, source="the other machine's local tier")
             self.replica = Persister(self.link.peer, 1, self.config.keep_last, self.rank, tier="replica",
                                      in_order=True, keep_every=self.config.keep_every)
-        fetch(local, durable)
+        if isinstance(durable, Unopened):
+            self._without_durable(local, durable)
+        else:
+            fetch(local, durable)
         self.persister = Persister(durable, self.config.persist_every, self.config.persist_keep_last, self.rank)
+        self.persister.last_error = durable.error if isinstance(durable, Unopened) else None
         return local
+
+    def _without_durable(self, local: CheckpointStore, durable: Unopened) -> None:
+        """Go on with the local tier alone while the durable one is unreachable, where the local
+        tier holds a step to resume from (said once); raise the durable tier's error where it
+        holds none, since the durable tier may hold a step this run must resume."""
+        history = local.current().lineage_steps()
+        if not history:
+            if self.link is not None:
+                self.link.close_now()
+            raise RavexError(f"{durable.error} (the local tier {local.url} holds no step to resume from)")
+        if self.rank == 0:
+            logger.warning("ravex: storage %s is unreachable (%s): resuming from the local tier %s (newest step "
+                           "%d) and checkpointing there; each copy to storage tries it again", durable.url,
+                           durable.error, local.url, history[-1][1])
 
     def durable_tier(self) -> dict[str, Any] | None:
         # docstring inherited

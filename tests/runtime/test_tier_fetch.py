@@ -77,3 +77,34 @@ def test_rank_0_refreshes_its_witness_while_another_rank_has_not_committed_the_s
     assert failed == [] and persister.last_error is None, failed
     witness = read_witness(durable.storage, durable.steps_prefix, 8, 0)
     assert witness is not None and witness.entries == (entry,)
+
+
+def test_a_durable_tier_unreachable_at_start_is_opened_by_the_first_copy_that_reaches_it(tmp_path, caplog):
+    """The copies of a run that started without its durable tier (``Unopened``) fail, said, while
+    it stays unreachable; the first after it came back opens it and copies the step there."""
+    from ravex.format import RavexError
+    from ravex.saving.steps.tiers import Persister, Unopened
+
+    local = open_store(str(tmp_path / "local"), create=True)
+    writer = local.writer(rank=0, world_size=1, run="r")
+    reachable = threading.Event()
+
+    def reopen():
+        if not reachable.is_set():
+            raise RavexError("store 'durable': endpoint down")
+        return open_store(str(tmp_path / "durable"), create=True)
+
+    persister = Persister(Unopened(str(tmp_path / "durable"), reopen, "endpoint down"), every=1, keep_last=None)
+    with caplog.at_level(logging.INFO, logger="ravex"):
+        for step, reach in ((8, False), (9, True)):
+            writer.commit(step, {"w": np.full(1 << 14, step, dtype=np.float32)})
+            if reach:
+                reachable.set()
+            persister.committed(local, step)
+            persister.flush()
+        persister.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("ravex: copying step 8 to") and "FAILED" in m for m in said), said
+    assert any(m.endswith("is reachable: copies of the local steps to it resume") for m in said), said
+    assert persister.persisted_step == 9 and persister.last_error is None
+    assert open_store(str(tmp_path / "durable")).complete_steps() == [9]

@@ -88,3 +88,39 @@ def test_a_surviving_local_tier_resumes_its_newer_step_bitwise(tmp_path):
     assert "came from the durable tier" not in second.stderr, second.explain()
     second.assert_verified("a local step's witness is local")
     harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
+
+
+def test_an_unreachable_durable_tier_leaves_the_local_one_to_resume_and_checkpoint(tmp_path):
+    """Storage down at the rerun: the local tier's step resumes bitwise and takes the checkpoints;
+    the copies to storage fail, said, and leave the local steps as they are."""
+    ref, ref_state = _reference(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    argv = _script(run)
+    first = harness.run(argv, run, harness.child_env(T_ENTRY="activate", T_BLOCK_AT="27"), kill_on="BLOCKED")
+    assert first.returncode < 0 and _steps(run / "durable")[-1] == 20, first.explain()
+    (run / "durable").rename(run / "durable.away")
+    (run / "durable").write_text("not a store")  # opening it fails as an unreachable bucket does
+    out = run / "final.pt"
+    second = harness.run(argv, run, harness.child_env(T_ENTRY="activate", T_OUT=str(out)))
+    assert second.returncode == 0 and second.resumed_from == 25, second.explain()
+    assert "ravex: storage ./durable is unreachable (" in second.stderr, second.explain()
+    assert "resuming from the local tier" in second.stderr and "(newest step 25)" in second.stderr, second.explain()
+    assert _said(second) == _said(ref)[25:], "the resumed run diverged"
+    harness.assert_same_state(torch.load(out, weights_only=False), ref_state)
+    assert _steps(run / "local")[-2:] == [35, 37], second.explain()  # every checkpoint still lands locally
+    assert "ravex: copying step 37 to" in second.stderr and "FAILED" in second.stderr, second.explain()
+    assert _steps(run / "durable.away") == [10, 20]  # untouched
+
+
+def test_a_local_tier_without_a_step_does_not_start_without_the_durable_tier(tmp_path):
+    """Nothing to resume locally and storage unreachable: storage may hold the step this run must
+    resume, so the run does not start a timeline of its own there; it says so and retries."""
+    run = tmp_path / "run"
+    run.mkdir()
+    argv = _script(run)
+    (run / "durable").write_text("not a store")
+    result = harness.run(argv, run, harness.child_env(T_ENTRY="activate"))
+    assert result.returncode == 0, result.explain()
+    assert "(the local tier" in result.stderr and "holds no step to resume from)" in result.stderr, result.explain()
+    assert not (run / "local").exists() or _steps(run / "local") == [], result.explain()

@@ -138,6 +138,11 @@ class ReplicaLink:
                            self.partner, exc)
         else:
             self._wait_for_partner()
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Stop serving and drop the link without waiting for the partner (a backend that could
+        not open)."""
         self.storage.close()
         self.server.close()
 

@@ -21,6 +21,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ravex.format import CheckpointStore
 from ravex.format.history.witness import read_witness, write_witness
@@ -46,9 +48,10 @@ class Persister:
     rollback there need each step the local tier holds); the queue holds step numbers only, and
     the local retention waits while it is not empty."""
 
-    def __init__(self, durable: CheckpointStore, every: int, keep_last: int | None,
+    def __init__(self, durable: CheckpointStore | Unopened, every: int, keep_last: int | None,
                  rank: int = 0, tier: str = "storage", in_order: bool = False,
                  keep_every: int | None = None) -> None:
+        #: the destination; an :class:`Unopened` one is opened by the first copy that reaches it
         self.durable = durable
         self.every = every
         self.keep_last = keep_last
@@ -71,6 +74,14 @@ class Persister:
     @property
     def url(self) -> str:
         return str(self.durable.url)
+
+    def _destination(self) -> CheckpointStore:
+        """The destination store, opened now if it was unreachable at start (raises while it
+        still is: the copy fails, said, and the next one tries again)."""
+        if isinstance(self.durable, Unopened):
+            self.durable = self.durable.open()
+            logger.warning("ravex: %s is reachable: copies of the local steps to it resume", self.url)
+        return self.durable
 
     def committed(self, timeline: CheckpointStore, step: int) -> bool:
         """The writer thread committed ``step`` on the local ``timeline``: queue its copy when it
@@ -149,8 +160,9 @@ class Persister:
     def _copy(self, timeline: CheckpointStore, step: int) -> None:
         from ravex.format import copy_step
 
+        durable = self._destination()
         started = time.perf_counter()
-        report = copy_step(timeline, self.durable, step, ranks=[self.rank])
+        report = copy_step(timeline, durable, step, ranks=[self.rank])
         previous = self._persisted
         # every step copied (the replica's): no commit between copies refreshes the witness of the
         # step copied before this one (refresh_witness), which grew up to this step: copy it now
@@ -166,7 +178,7 @@ class Persister:
         if self.rank == 0 and (self.keep_last is not None or self.keep_every is not None):
             gc_started = time.perf_counter()
             try:
-                self.durable.gc(keep_last=self.keep_last, keep_every=self.keep_every)
+                durable.gc(keep_last=self.keep_last, keep_every=self.keep_every)
                 collected = f", gc {ms(time.perf_counter() - gc_started)} ms"
             except Exception as exc:
                 logger.warning("ravex: retention (gc) of %s failed after step %d: %s", self.url, step, exc)
@@ -183,8 +195,18 @@ class Persister:
         owner, number = timeline.locate(step, check=False)
         witness = read_witness(owner.storage, owner.steps_prefix, number, self.rank)
         if witness is not None and witness.entries:
-            there = self.durable.on_timeline(owner.timeline.name)
+            there = self._destination().on_timeline(owner.timeline.name)
             write_witness(there.storage, there.steps_prefix, witness)
+
+
+@dataclass(frozen=True)
+class Unopened:
+    """A durable tier that could not be opened at start (``error``): the run resumed from and
+    checkpoints to the local tier, and each copy tries to open it again (:meth:`open`)."""
+
+    url: str
+    open: Callable[[], CheckpointStore]
+    error: str
 
 
 def newer_in_durable(local: CheckpointStore, durable: CheckpointStore) -> tuple[CheckpointStore, int] | None:
