@@ -398,6 +398,8 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             self.replica.close()
         if self.persister is not None:
             self.persister.close()
+            if self._committed and (self.config.keep_last or self.config.keep_every) and self.rank == 0:
+                self._retain(self._committed[-1])  # the one a copy deferred (the exit copy's, at least)
         if self.link is not None:  # serves this tier until the other machine's last copy landed
             self.link.close()
         self._settler.close(self.timeline)
