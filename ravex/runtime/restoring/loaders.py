@@ -93,7 +93,8 @@ class LoaderResume:
                 return _Empty()
             # Replay the epoch's start: same worker seeds, same shuffle order.
             # restored already, or at a loop head still to come: the RNG streams stay as they are
-            later = run.loop_position.reentry is not None and run.loop_position.reentry.mode == "head"
+            reentry = run.loop_position.reentry
+            later = reentry is not None and reentry.mode in ("head", "end")
             current = rng.capture_epoch_rng(loader) if run.restored or later else None
             rng.restore_epoch_rng(loader, entry["epoch_rng"])
             st.exhausted = False
@@ -158,7 +159,7 @@ class LoaderResume:
         reentry = run.loop_position.reentry
         if reentry is None or run.restored:
             return None
-        if reentry.mode == "head":
+        if reentry.mode in ("head", "end"):  # "end": a finished run's loop, restored at its head too
             return self._drawn_loader(loader, st, reentry)
         if not reentry.at_loader():
             return None
@@ -171,9 +172,10 @@ class LoaderResume:
         return entry
 
     def _drawn_loader(self, loader: Any, st: LoaderState, reentry: Reentry) -> dict[str, Any] | None:
-        """A position at a loop's head, whose loop draws its batches with ``next(it)`` from an
-        iterator made before it (``data_iter = iter(loader)`` above a ``while True:``): that
-        ``iter()``, called from a recorded frame, of the loader the checkpoint interrupted
+        """A position at a loop's head (or a finished run's loop, whose iterator may be
+        mid-epoch too: an endless sampler's), whose loop draws its batches with ``next(it)``
+        from an iterator made before it (``data_iter = iter(loader)`` above a ``while True:``):
+        that ``iter()``, called from a recorded frame, of the loader the checkpoint interrupted
         mid-epoch, resumes the epoch (replayed, consumed batches skipped); the restore waits
         for the loop's head. Any other loader starts its epoch as the first run did."""
         if not reentry.holds(innermost_frame(sys._getframe(3))):
