@@ -38,6 +38,10 @@ CASES = {
     "while-max-iters-due-at-end": Extend("extend_while.py", 19, 5, 20, 5),
     "range-n": Extend("extend_range.py", 17, 6, 17, 5),
     "epochs-in-function": Extend("extend_epochs.py", 2, 2, 20, 6),
+    # minGPT: one iterator over an endless sampler, mid-epoch when the run finishes
+    "endless-iterator": Extend("extend_endless_iter.py", 13, 6, 13, 5),
+    # pytorch-template: its early-stopping break in an if nested in another
+    "nested-early-stop": Extend("extend_early_stop.py", 3, 2, 15, 4),
 }
 
 

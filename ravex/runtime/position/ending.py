@@ -11,10 +11,10 @@ bounds the loop ends at once and the code after it runs on the restored state; w
 larger ones it trains exactly the added iterations.
 
 Only shapes where that decision is read from the source without running anything twice are
-taken: every ``break`` of the loop ends an ``if`` directly in its body whose test only reads
-values (no call), and a ``for`` iterates ``range(...)`` into one name its body never
-rebinds, with no ``else`` where it breaks. Other loops keep the jump past them
-(:func:`.source.after`).
+taken: every ``break`` of the loop ends an ``if`` directly in its body, or in ``if`` statements
+nested in such an ``if``'s body, whose tests only read values (no call), and a ``for``
+iterates ``range(...)`` into one name its body never rebinds, with no ``else`` where it
+breaks. Other loops keep the jump past them (:func:`.source.after`).
 """
 
 from __future__ import annotations
@@ -54,11 +54,7 @@ def ending(filename: str, name: str, first_line: int, line: int) -> Ending | Non
     loop = source.loop_at(filename, name, first_line, line)
     if loop is None:
         return None
-    tests = []
-    for stmt in loop.body:
-        if (isinstance(stmt, ast.If) and isinstance(stmt.body[-1], ast.Break) and _pure(stmt.test)
-                and sum(1 for _ in _breaks([stmt])) == 1):
-            tests.append((stmt.lineno, stmt.test))
+    tests = [test for test in map(_break_test, loop.body) if test is not None]
     if sum(1 for _ in _breaks(loop.body)) != len(tests):
         return None  # a break the source cannot test again
     body = loop.body[0].lineno
@@ -72,6 +68,23 @@ def ending(filename: str, name: str, first_line: int, line: int) -> Ending | Non
     if source.assigns(ast.Module(body=loop.body, type_ignores=[]), loop.target.id) or (tests and loop.orelse):
         return None
     return Ending("for", loop.lineno, body, loop.target.id, tuple(tests), False)
+
+
+def _break_test(stmt: ast.stmt) -> tuple[int, ast.expr] | None:
+    """For an ``if`` of the loop's body that holds one ``break``, at the end of its body or of
+    the body of an ``if`` nested in it the same way (pytorch-template's early stop, inside the
+    ``if`` that checks a metric is monitored), every test on the way read-only: the line of the
+    innermost ``if`` and the tests joined by ``and``. None for any other statement."""
+    if not (isinstance(stmt, ast.If) and _pure(stmt.test)) or sum(1 for _ in _breaks([stmt])) != 1:
+        return None
+    if isinstance(stmt.body[-1], ast.Break):
+        return stmt.lineno, stmt.test
+    holder = next((inner for inner in stmt.body if any(True for _ in _breaks([inner]))), None)
+    nested = _break_test(holder) if holder is not None else None
+    if nested is None:
+        return None
+    line, test = nested
+    return line, ast.copy_location(ast.BoolOp(op=ast.And(), values=[stmt.test, test]), stmt.test)
 
 
 def _pure(test: ast.expr) -> bool:
