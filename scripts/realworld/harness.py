@@ -226,6 +226,9 @@ def compare(a, b, path="", diffs=None, norm=None, depth=0):
           and (type(a).__module__, type(a).__qualname__) == (type(b).__module__, type(b).__qualname__)):
         # a pickled object of the script's own class (loaded from two folders: two classes): its fields
         compare(vars(a), vars(b), path, diffs, norm, depth + 1)
+    elif isinstance(a, argparse.Namespace) and isinstance(b, argparse.Namespace):
+        # the flags a script saves beside its weights (timm's checkpoints): which flag differs
+        compare(vars(a), vars(b), path, diffs, norm, depth + 1)
     else:
         try:
             same = a == b
@@ -263,9 +266,9 @@ def user_files(workdir, outputs):
 
 
 def load_any(path, workdir):
-    """A .pt/.pth file as objects (a pickled object needs the script's folder importable: its modules
+    """A .pt/.pth/.pth.tar file as objects (a pickled object needs the script's folder importable: its modules
     are imported from there and forgotten after), else bytes."""
-    if path.endswith((".pt", ".pth")):
+    if path.endswith((".pt", ".pth", ".pth.tar")):  # timm saves torch.save files as .pth.tar
         before = dict(sys.modules)
         sys.path.insert(0, workdir)
         try:
