@@ -40,7 +40,7 @@ from scripts import SCRIPTS  # noqa: E402
 YAML = "storage: ./checkpoints\ncheckpoint_every: {every}\nkeep_last: 3\n"
 # the runtime's own resume, or a Lightning Trainer's that zero-code handed it (integrations/lightning)
 RESUMED = re.compile(r"ravex: resumed from step (\d+)|RavexCheckpointIO; resuming from step (?:\w[\w.-]*@)?(\d+)")
-CKPT = re.compile(r"^ravex: checkpoint step \d+:")
+CKPT = re.compile(r"^ravex: checkpoint step \d+( \(\d+ ranks\))?:")  # torchrun's rank 0 says "(2 ranks)"
 
 
 def resumed_step(out: str) -> str | None:
