@@ -148,8 +148,9 @@ print("A run to the end in a fresh directory with bound B1, rerun there with the
       "straight run with B2 from scratch. *ran*: optimizer steps the extending rerun took, of the steps B2 "
       "adds (declared in `scripts.py`; the straight run minus the first run, measured, in brackets when it "
       "differs); *bitwise*: its final state equals the straight run's; *files differing*: the script's own "
-      "output files that differ from the straight run's; *Ravex messages*: the rerun's, its resume line and "
-      "witness included.\n")
+      "output files that differ from the straight run's (the first three); *rc*: the first run's, the "
+      "rerun's, the straight run's; *Ravex messages*: the rerun's other than the resume line (the witness's "
+      "verdict among them).\n")
 print("| script | bound | ran / added | resumed | bitwise | params | buffers | optim | sched | max params (buffers) "
       "| first printed | files differing | rc | Ravex messages |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -167,8 +168,10 @@ for r in res:
         ran = f"**{ran}**"
     desc = SCRIPTS[r["script"]]["counter_desc"]
     first = f"{desc} = {','.join(e['first_counter'])}" if e["first_counter"] else "-"
-    notes = "; ".join(f"`{cell(n[:160])}`" for n in e["ravex_lines"][:3]) or "-"
+    said = [n for n in e["ravex_lines"] if not n.startswith("ravex: resumed from step")]  # the *resumed* column
+    notes = "; ".join(f"`{cell(n[:220])}`" for n in said[:3]) or "-"
+    files = "; ".join(cell(f) for f in e["files"][:3]) + (f" (+{len(e['files']) - 3})" if len(e["files"]) > 3 else "")
     print(f"| {r['script']} | {cell(e['bound'])} | {ran} / {added} | {e['resumed'] or 'none'} | {bitwise(st)} "
           f"| {eq(st, 'params')} | {eq(st, 'buffers')} | {eq(st, 'optimizers')} | {eq(st, 'schedulers')} | {mx} "
-          f"| {first} | {'; '.join(cell(f) for f in e['files']) or '-'} "
+          f"| {first} | {files or '-'} "
           f"| {e['first_rc']}, {e['rerun_rc']}, {e['straight_rc']} | {notes} |")
