@@ -1,6 +1,6 @@
 """Kill-and-rerun harness: real public scripts, unchanged, under Ravex zero-code.
 
-usage: python harness.py CHECKOUT --src DIR [--scripts a,b] [--trials 3] [--seed 0] [--out DIR]
+usage: python harness.py CHECKOUT --src DIR [--scripts a,b] [--trials 3] [--seed 0] [--out DIR] [--extend-only]
 (normally called by run_all.sh, which builds the venv this runs in)
 
 Per script: a plain run (no ravex.yaml: Ravex inactive), an uninterrupted run under Ravex (the
@@ -10,6 +10,9 @@ The final state (parameters, buffers, optimizers, schedulers; dumped at exit by
 instrument/sitecustomize.py) and the script's own output files are compared with the reference.
 Last, a run to the end in a fresh directory and the same command rerun there: are the script's
 output files still exactly as the first run left them, and did the rerun train again?
+Then, for a script with an `extend` entry, a finished run rerun with a larger bound (more iterations
+or epochs) beside a straight run with that bound from scratch: did the rerun train exactly the added
+steps, and does it end where the straight run ends?
 Killing stops and then SIGKILLs the whole process tree (torchrun's workers run in sessions of
 their own, out of reach of a process-group kill).
 """
@@ -37,7 +40,7 @@ from scripts import SCRIPTS  # noqa: E402
 YAML = "storage: ./checkpoints\ncheckpoint_every: {every}\nkeep_last: 3\n"
 # the runtime's own resume, or a Lightning Trainer's that zero-code handed it (integrations/lightning)
 RESUMED = re.compile(r"ravex: resumed from step (\d+)|RavexCheckpointIO; resuming from step (?:\w[\w.-]*@)?(\d+)")
-CKPT = re.compile(r"^ravex: checkpoint step \d+:")
+CKPT = re.compile(r"^ravex: checkpoint step \d+( \(\d+ ranks\))?:")  # torchrun's rank 0 says "(2 ranks)"
 
 
 def resumed_step(out: str) -> str | None:
@@ -226,6 +229,9 @@ def compare(a, b, path="", diffs=None, norm=None, depth=0):
           and (type(a).__module__, type(a).__qualname__) == (type(b).__module__, type(b).__qualname__)):
         # a pickled object of the script's own class (loaded from two folders: two classes): its fields
         compare(vars(a), vars(b), path, diffs, norm, depth + 1)
+    elif isinstance(a, argparse.Namespace) and isinstance(b, argparse.Namespace):
+        # the flags a script saves beside its weights (timm's checkpoints): which flag differs
+        compare(vars(a), vars(b), path, diffs, norm, depth + 1)
     else:
         try:
             same = a == b
@@ -263,9 +269,9 @@ def user_files(workdir, outputs):
 
 
 def load_any(path, workdir):
-    """A .pt/.pth file as objects (a pickled object needs the script's folder importable: its modules
+    """A .pt/.pth/.pth.tar file as objects (a pickled object needs the script's folder importable: its modules
     are imported from there and forgotten after), else bytes."""
-    if path.endswith((".pt", ".pth")):
+    if path.endswith((".pt", ".pth", ".pth.tar")):  # timm saves torch.save files as .pth.tar
         before = dict(sys.modules)
         sys.path.insert(0, workdir)
         try:
@@ -399,6 +405,59 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
     )
 
 
+def ravex_lines(out):
+    """Every line Ravex printed other than checkpoint statistics (the resume line and witness included)."""
+    return [x for x in out.splitlines() if x.startswith("ravex") and not CKPT.match(x)]
+
+
+def extend_run(spec, tpl, sub, yaml, base, python, unit):
+    """A run to the end with bound B1 in a fresh directory (`extended/`), then rerun there with the
+    bound raised to B2; beside it a straight run with B2 from scratch (`straight/`). The extending
+    rerun should train exactly the added steps and end with the straight run's state and files."""
+    ext = spec["extend"]
+    cmd1 = ext.get("cmd", spec["cmd"])
+    cmd2 = ext.get("cmd2", cmd1)
+    edit = ext.get("edit")  # a bound kept in a file the script reads (pytorch-template's config)
+    nproc = spec.get("nproc", 1)
+    norm = renamer(spec)
+    fresh(tpl, os.path.join(base, "extended"), sub, yaml)
+    workdir = os.path.join(base, "extended", sub)
+    first = run(workdir, cmd1, python, spec)
+    first_store = store_steps(workdir, nproc)
+    if edit:
+        edit(workdir)
+    time.sleep(0.05)
+    again = run(workdir, cmd2, python, spec, log_name="rs_log_extend.txt")
+    fresh(tpl, os.path.join(base, "straight"), sub, yaml)
+    sdir = os.path.join(base, "straight", sub)
+    if edit:
+        edit(sdir)
+    straight = run(sdir, cmd2, python, spec)
+
+    def steps(r):
+        d = r["dump"]
+        return (d["step"] if unit == "step" else d["backwards"]) if d else None
+
+    counters = counter_lines(again["out"], spec["counter"])
+    straight_lines = script_lines(straight["out"], norm)
+    foreign = [x for x in script_lines(again["out"], norm) if x not in straight_lines]
+    b1, b2 = steps(first), steps(straight)
+    return dict(
+        bound=ext["bound"], cmd=cmd1, cmd2=cmd2, steps_declared=ext["steps"],
+        first_rc=first["rc"], rerun_rc=again["rc"], straight_rc=straight["rc"],
+        first_steps=b1, straight_steps=b2, steps_added=b2 - b1 if b1 is not None and b2 is not None else None,
+        first_store=first_store, rerun_ran=steps(again),
+        rerun_backwards=again["dump"]["backwards"] if again["dump"] else None,
+        rerun_secs=round(again["secs"], 1), resumed=resumed_step(again["out"]),
+        state=state_diffs(again["dump"], straight["dump"]), files=file_diffs(workdir, sdir, spec["outputs"], norm),
+        same_name=named_files(workdir, spec["outputs"], norm)[1],
+        first_counter=counters[0] if counters else None, counter_lines=len(counters),
+        counter_lines_straight=len(counter_lines(straight["out"], spec["counter"])),
+        foreign_lines=foreign[:6], n_foreign=len(foreign), ravex_lines=ravex_lines(again["out"])[:8],
+        tail=again["out"].strip().splitlines()[-3:],
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkout")
@@ -409,6 +468,8 @@ def main():
     ap.add_argument("--src", default=scripts.SRC,
                     help="holds nanoGPT/, examples/, minGPT/, pytorch-template/ (default: $RAVEX_RS_SRC or ./src)")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--extend-only", action="store_true",
+                    help="only the extension phase (scripts with an `extend` entry); other results are kept")
     args = ap.parse_args()
     sha = subprocess.run(["git", "-C", args.checkout, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
@@ -420,7 +481,12 @@ def main():
     rpath = os.path.join(outdir, "results.json")
     if os.path.exists(rpath):  # keep the other scripts' rows of an earlier run of this checkout
         with open(rpath) as fh:
-            results = [r for r in json.load(fh) if r["script"] not in names]
+            results = [r for r in json.load(fh) if args.extend_only or r["script"] not in names]
+    if args.extend_only:
+        for n in names:
+            if "extend" not in SCRIPTS[n]:
+                print(f"[{n}] no extend entry: skipped", flush=True)
+        names = [n for n in names if "extend" in SCRIPTS[n]]
     for name in names:
         spec = SCRIPTS[name]
         rng = random.Random(f"{args.seed}-{name}")  # a script's kill points do not depend on which others run
@@ -435,6 +501,18 @@ def main():
         def wd(run_name, base=base, sub=sub):
             return os.path.join(base, run_name, sub)
 
+        if args.extend_only:
+            # the unit of the full run's summary row, else steps (every script with a bound steps an optimizer)
+            row = next((r for r in results if r["script"] == name and r.get("summary")), None)
+            extended = extend_run(spec, tpl, sub, yaml, base, args.python, (row or {}).get("unit", "step"))
+            print_extend(name, extended)
+            if row is None:
+                row = dict(script=name, summary=True)
+                results.append(row)
+            row["extend"] = extended
+            with open(rpath, "w") as fh:
+                json.dump(results, fh, indent=1, default=str)
+            continue
         nproc = spec.get("nproc", 1)
         norm = renamer(spec)
         fresh(tpl, os.path.join(base, "plain"), sub, None)
@@ -492,12 +570,27 @@ def main():
         finished = finished_rerun(spec, tpl, sub, yaml, base, args.python, unit)
         print(f"[{name}] finished rerun: ran={finished['rerun_ran']} files changed={finished['changed']} "
               f"rewritten={finished['rewritten']} new={finished['new'][:3]}", flush=True)
+        extended = None
+        if "extend" in spec:
+            extended = extend_run(spec, tpl, sub, yaml, base, args.python, unit)
+            print_extend(name, extended)
         results.append(dict(script=name, summary=True, plain_vs_ref=plain_vs_ref, ref_store=ref_store,
                             total=total, unit=unit, ref_rc=ref["rc"], plain_rc=plain["rc"],
-                            ref_notes=ravex_notes(ref["out"])[:6], cmd=spec["cmd"], finished=finished))
+                            ref_notes=ravex_notes(ref["out"])[:6], cmd=spec["cmd"], finished=finished,
+                            extend=extended))
         with open(rpath, "w") as fh:
             json.dump(results, fh, indent=1, default=str)
     print(rpath)
+
+
+def print_extend(name, e):
+    st = e["state"]
+    eq = all(v["equal"] for v in st.values()) if st else None
+    # the witness's verdict, else what Ravex said first (e.g. that it would not train again)
+    said = [x for x in e["ravex_lines"] if "verified" in x or "diverged" in x] or e["ravex_lines"]
+    print(f"[{name}] extend {e['bound']}: ran={e['rerun_ran']}/{e['steps_declared']} (straight - first = "
+          f"{e['steps_added']}) resumed={e['resumed']} bitwise vs straight={eq} files={e['files']} "
+          f"rc={e['first_rc']},{e['rerun_rc']},{e['straight_rc']} ravex={said[:1]}", flush=True)
 
 
 if __name__ == "__main__":

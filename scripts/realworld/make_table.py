@@ -109,7 +109,7 @@ print("| script | command (cwd: the script's folder) | total | store after the u
       "| uninterrupted under Ravex vs without Ravex | Ravex messages (uninterrupted) |")
 print("|---|---|---|---|---|---|")
 for r in res:
-    if not r.get("summary"):
+    if not r.get("summary") or "cmd" not in r:  # a row of --extend-only alone
         continue
     pv = r["plain_vs_ref"]
     same = "no dump" if pv is None else ("bitwise equal" if all(v["equal"] for v in pv.values()) else
@@ -142,3 +142,36 @@ for r in res:
           f"{lst(f['changed'])} (of {f['n_files']}) | {lst(f['rewritten'])} | {lst(f['new'])} | "
           f"{lst(f.get('new_vs_first', []))} | {f['rerun_rc']} "
           f"| {notes} |")
+
+print("\n## A finished run, extended\n")
+print("A run to the end in a fresh directory with bound B1, rerun there with the bound raised to B2, beside a "
+      "straight run with B2 from scratch. *ran*: optimizer steps the extending rerun took, of the steps B2 "
+      "adds (declared in `scripts.py`; the straight run minus the first run, measured, in brackets when it "
+      "differs); *bitwise*: its final state equals the straight run's; *files differing*: the script's own "
+      "output files that differ from the straight run's (the first three); *rc*: the first run's, the "
+      "rerun's, the straight run's; *Ravex messages*: the rerun's other than the resume line (the witness's "
+      "verdict among them).\n")
+print("| script | bound | ran / added | resumed | bitwise | params | buffers | optim | sched | max params (buffers) "
+      "| first printed | files differing | rc | Ravex messages |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in res:
+    if not r.get("summary") or not r.get("extend"):
+        continue
+    e = r["extend"]
+    st = e["state"]
+    mx = "n/a" if st is None else f"{fmt_max(st['params']['max'])} ({fmt_max(st['buffers']['max'])})"
+    added = str(e["steps_declared"])
+    if e["steps_added"] != e["steps_declared"]:
+        added += f" ({e['steps_added']} measured)"
+    ran = e["rerun_ran"]
+    if ran is not None and ran != e["steps_declared"]:
+        ran = f"**{ran}**"
+    desc = SCRIPTS[r["script"]]["counter_desc"]
+    first = f"{desc} = {','.join(e['first_counter'])}" if e["first_counter"] else "-"
+    said = [n for n in e["ravex_lines"] if not n.startswith("ravex: resumed from step")]  # the *resumed* column
+    notes = "; ".join(f"`{cell(n[:220])}`" for n in said[:3]) or "-"
+    files = "; ".join(cell(f) for f in e["files"][:3]) + (f" (+{len(e['files']) - 3})" if len(e["files"]) > 3 else "")
+    print(f"| {r['script']} | {cell(e['bound'])} | {ran} / {added} | {e['resumed'] or 'none'} | {bitwise(st)} "
+          f"| {eq(st, 'params')} | {eq(st, 'buffers')} | {eq(st, 'optimizers')} | {eq(st, 'schedulers')} | {mx} "
+          f"| {first} | {files or '-'} "
+          f"| {e['first_rc']}, {e['rerun_rc']}, {e['straight_rc']} | {notes} |")

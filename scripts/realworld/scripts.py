@@ -13,7 +13,11 @@ pythonpath (folders, relative to the run directory, put on PYTHONPATH after the 
 seed (RS_SEED: the instrumentation calls torch.manual_seed right after `import torch`, for a script
 that seeds nothing), rename ((regex, replacement) applied
 to output file paths and to strings inside .pt files before comparing, for run ids made of the
-clock), env (variables set for every run of the script).
+clock), env (variables set for every run of the script), extend (the extension check: a finished
+run rerun with a larger bound): a dict of bound (text, "B1→B2"), steps (the optimizer steps B2 adds to
+B1), cmd2 (the command with bound B2; default: the B1 command), and optionally cmd (the B1 command,
+default: the entry's cmd) and edit (a function of the run directory that raises the bound where the
+script keeps it in a file; applied before the B2 runs).
 """
 
 import os
@@ -26,6 +30,13 @@ import numpy as np
 # SRC/nanoGPT (karpathy/nanoGPT), SRC/examples (pytorch/examples), SRC/minGPT (karpathy/minGPT),
 # SRC/pytorch-template (victoresque/pytorch-template); harness.py sets it from --src.
 SRC = os.environ.get("RAVEX_RS_SRC", "src")
+
+
+def _raised(cmd, old, new):
+    """cmd with its bound flag ``old`` replaced by ``new`` (each must occur: the command moved on)."""
+    if old not in cmd:
+        raise RuntimeError(f"extend: {old!r} is not in {cmd!r}")
+    return cmd.replace(old, new)
 
 
 def _copy(src, dst):
@@ -96,11 +107,15 @@ NANOGPT_CMD = ("train.py --device=cpu --compile=False --dtype=float32 --gradient
                " --n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=4 --max_iters=200"
                " --eval_interval=50 --eval_iters=5 --log_interval=10 --warmup_iters=50 --lr_decay_iters=200"
                " --dataset=rs --out_dir=out")
+MNIST_CMD = "main.py --epochs 4 --batch-size 64 --test-batch-size 500 --log-interval 5 --no-accel --save-model"
 
 SCRIPTS = {
     "nanogpt": dict(
         build=nanogpt, cmd=NANOGPT_CMD, every=20,
         counter=r"^iter (\d+):", counter_desc="iter N", outputs=["out"],
+        # iterations 0..max_iters, one step each; --lr_decay_iters=200 keeps the schedule independent of the bound
+        extend=dict(bound="--max_iters 200→250", steps=50,
+                    cmd2=_raised(NANOGPT_CMD, "--max_iters=200", "--max_iters=250")),
     ),
     # nanoGPT's own default: the model wrapped by torch.compile (inductor, C++ on the CPU)
     "nanogpt-compile": dict(
@@ -109,8 +124,10 @@ SCRIPTS = {
     ),
     "mnist": dict(
         build=mnist,
-        cmd="main.py --epochs 4 --batch-size 64 --test-batch-size 500 --log-interval 5 --no-accel --save-model",
+        cmd=MNIST_CMD,
         every=20, counter=r"^Train Epoch: (\d+) \[(\d+)/", counter_desc="epoch, sample", outputs=["mnist_cnn.pt"],
+        extend=dict(bound="--epochs 4→5", steps=25,  # 1600 images, batch 64; StepLR steps per epoch
+                    cmd2=_raised(MNIST_CMD, "--epochs 4", "--epochs 5")),
     ),
     "dcgan": dict(
         build=dcgan,
@@ -266,14 +283,30 @@ def pytorch_template(tpl):
     return "pytorch-template"
 
 
+def _pt_epochs(n):
+    """An edit of the run directory: rs_config.json's trainer epochs set to n (the template's bound)."""
+    def edit(workdir):
+        import json
+        path = f"{workdir}/rs_config.json"
+        with open(path) as fh:
+            cfg = json.load(fh)
+        cfg["trainer"]["epochs"] = n
+        with open(path, "w") as fh:
+            json.dump(cfg, fh, indent=4)
+    return edit
+
+
 TORCHRUN = "-m torch.distributed.run --standalone --nproc-per-node 2"
 
+CHARGPT_CMD = ("chargpt.py --model.model_type=None --model.n_layer=2 --model.n_head=2 --model.n_embd=32"
+               " --data.block_size=32 --trainer.batch_size=8 --trainer.max_iters=520 --trainer.num_workers=0")
 SCRIPTS["chargpt"] = dict(
-    build=chargpt,
-    cmd=("chargpt.py --model.model_type=None --model.n_layer=2 --model.n_head=2 --model.n_embd=32"
-         " --data.block_size=32 --trainer.batch_size=8 --trainer.max_iters=520 --trainer.num_workers=0"),
+    build=chargpt, cmd=CHARGPT_CMD,
     every=20, pythonpath=["../.."],  # `from mingpt.model import GPT`: the repo root, as `pip install -e .` would
     counter=r"^iter_dt [\d.]+ms; iter (\d+):", counter_desc="iter", outputs=["out"],
+    # Trainer.run() stops once iter_num >= max_iters; a constant learning rate
+    extend=dict(bound="--trainer.max_iters 520→570", steps=50,
+                cmd2=_raised(CHARGPT_CMD, "--trainer.max_iters=520", "--trainer.max_iters=570")),
 )
 SCRIPTS["mingpt-ddp"] = dict(
     build=mingpt_ddp,
@@ -291,6 +324,9 @@ SCRIPTS["nanogpt-ddp"] = dict(
     + " --backend=gloo",
     every=20, nproc=2, counter=r"^iter (\d+):", counter_desc="iter N", outputs=["out"],
 )
+SCRIPTS["nanogpt-ddp"]["extend"] = dict(
+    bound="--max_iters 200→250", steps=50,
+    cmd2=_raised(SCRIPTS["nanogpt-ddp"]["cmd"], "--max_iters=200", "--max_iters=250"))
 SCRIPTS["ddp-spawn"] = dict(  # PyTorch's DDP tutorial: torch.multiprocessing.spawn starts the ranks, not torchrun
     build=ddp_spawn, cmd="multigpu.py 4 1 --batch_size 64",
     every=10, nproc=2, spawned=True, seed=0,  # MyTrainDataset draws torch.rand, seeded nowhere
@@ -300,6 +336,8 @@ SCRIPTS["pytorch-template"] = dict(
     build=pytorch_template, cmd="train.py -c rs_config.json",
     every=20, counter=r"^Train Epoch: (\d+) \[(\d+)/", counter_desc="epoch, sample",
     outputs=["saved/models"], rename=(r"\b\d{4}_\d{6}\b", "<run_id>"),  # ConfigParser's run id: the clock
+    # 1440 training images (validation_split 0.1), batch 64: 23 steps an epoch; StepLR(2) per epoch
+    extend=dict(bound="rs_config.json trainer.epochs 4→5", steps=23, edit=_pt_epochs(5)),
 )
 
 
@@ -372,12 +410,17 @@ def timm_train(tpl):
     return "pytorch-image-models"
 
 
+TIMM_CMD = ("train.py --data-dir data --model resnet10t --num-classes 4 --img-size 32 --batch-size 8 -vb 16"
+            " --epochs 6 --sched cosine --warmup-epochs 0 --lr 0.05 --workers 2 --model-ema --model-ema-decay 0.9"
+            " --device cpu --seed 0 --log-interval 4 --checkpoint-hist 2 --output out --experiment rs")
+# the cosine schedule's length is --epochs, so a straight --epochs 8 run differs from the first update on:
+# the extension runs the same command with a step schedule, which does not depend on the bound
+TIMM_STEP_CMD = _raised(TIMM_CMD, "--sched cosine", "--sched step --decay-epochs 2 --decay-rate 0.5")
 SCRIPTS["timm"] = dict(
-    build=timm_train,
-    cmd=("train.py --data-dir data --model resnet10t --num-classes 4 --img-size 32 --batch-size 8 -vb 16"
-         " --epochs 6 --sched cosine --warmup-epochs 0 --lr 0.05 --workers 2 --model-ema --model-ema-decay 0.9"
-         " --device cpu --seed 0 --log-interval 4 --checkpoint-hist 2 --output out --experiment rs"),
+    build=timm_train, cmd=TIMM_CMD,
     every=20, counter=r"^Train: (\d+) \[ *(\d+)/", counter_desc="epoch, update", outputs=["out"],
+    extend=dict(bound="--epochs 6→8 (--sched step)", steps=24,  # 96 images, batch 8: 12 updates an epoch
+                cmd=TIMM_STEP_CMD, cmd2=_raised(TIMM_STEP_CMD, "--epochs 6", "--epochs 8")),
 )
 
 
