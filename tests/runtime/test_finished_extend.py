@@ -107,3 +107,17 @@ def test_finished_run_rerun_with_a_larger_bound_trains_exactly_the_added_steps(n
                               torch.load(reference / "out-ref.pt", weights_only=False))
     ref_files = {k: v[1] for k, v in _files(reference).items()}
     assert {k: v[1] for k, v in _files(tmp_path).items()} == ref_files
+
+
+def test_a_schedule_built_for_the_larger_bound_is_said_to_go_on_as_the_first_run_set_it(tmp_path):
+    """``T_max`` is the bound: extending the finished run restores the scheduler with the first
+    run's length, and the rerun says so, naming the number; the same bound says nothing."""
+    (tmp_path / "ravex.yaml").write_text("storage: ./ckpt\ncheckpoint_every: 4\n")
+    first = _run("extend_cosine.py", tmp_path, 10, T_ENTRY="activate")
+    assert first.returncode == 0, first.explain()
+    again = _run("extend_cosine.py", tmp_path, 10, T_ENTRY="activate")
+    assert again.returncode == 0 and "restores LR scheduler" not in again.stderr, again.explain()
+    more = _run("extend_cosine.py", tmp_path, 14, T_ENTRY="activate")
+    assert more.returncode == 0 and len(_lines(more, ("STEP ",))) == 4, more.explain()
+    assert ("restores LR scheduler #0 (CosineAnnealingLR) T_max=10 (built with 14 by this run): the schedule "
+            "goes on as the run that wrote it set it") in more.stderr, more.explain()

@@ -14,6 +14,7 @@ layout is :mod:`ravex.runtime.state.plan`'s.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,8 @@ from .names import WRAPPERS, load_plain, plain_state, stored_name, type_name
 from .plan import TREE_FORMAT, loader_identity, optimizer_shapes, param_keys, param_names
 from .registry import Registry
 from .rng import restore_rng
+
+logger = logging.getLogger("ravex")
 
 
 def tensors_in(tree: Any, read: dict[str, torch.Tensor] | None = None) -> Any:
@@ -111,6 +114,7 @@ def restore(registry: Registry, tree: dict[str, Any], where: str, partial: bool 
     for opt, saved, state in zip(optimizers, tree["optimizers"], states, strict=True):
         opt.load_state_dict(tensors_in(state, read))
         registry.set_optimizer_steps(opt, int(saved["steps"]))
+    _say_schedule_changes(where, schedulers, tree["schedulers"])
     for obj, saved in zip(schedulers, tree["schedulers"], strict=True):
         obj.load_state_dict(tensors_in(saved["state"]))
     for obj, saved in zip(scalers, tree["scalers"], strict=True):
@@ -118,6 +122,27 @@ def restore(registry: Registry, tree: dict[str, Any], where: str, partial: bool 
             obj.load_state_dict(tensors_in(saved["state"]))
     restore_rng(tree["rng"])
     registry.appended.rewind(tree.get("appended", []), int(tree["ravex"]["step"]))
+
+
+#: scheduler state that moves as it steps, not a setting it was built with
+_SCHEDULE_PROGRESS = frozenset({"last_epoch", "best", "num_bad_epochs", "cooldown_counter"})
+
+
+def _say_schedule_changes(where: str, schedulers: list[Any], saved: list[dict[str, Any]]) -> None:
+    """Say once which numbers an LR scheduler was built with in this run (``T_max``,
+    ``total_steps``: a finished run extended with a larger bound) that the checkpoint's state
+    puts back as the first run had them: the schedule goes on as that run set it."""
+    changed = []
+    for i, (obj, entry) in enumerate(zip(schedulers, saved, strict=True)):
+        theirs = entry["state"]
+        for key, mine in obj.state_dict().items():
+            if key.startswith("_") or key in _SCHEDULE_PROGRESS or type(mine) not in (int, float):
+                continue
+            if type(theirs.get(key)) is type(mine) and theirs[key] != mine:
+                changed.append(f"#{i} ({type(obj).__name__}) {key}={theirs[key]} (built with {mine} by this run)")
+    if changed:
+        logger.warning("ravex: %s restores LR scheduler %s: the schedule goes on as the run that wrote it set "
+                       "it, not as this run's arguments describe", where, ", ".join(changed))
 
 
 def check_loader(where: str, index: int, loader: Any, saved: dict[str, Any]) -> None:
