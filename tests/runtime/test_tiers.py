@@ -74,13 +74,19 @@ def test_the_local_tier_lost_with_the_machine_resumes_from_storage_bitwise(tmp_p
     assert valid.returncode == 0, valid.explain()
 
 
-def test_a_surviving_local_tier_resumes_its_newer_step_bitwise(tmp_path):
+def _killed_at_27(tmp_path: Path) -> tuple[harness.Result, dict, Path, list[str]]:
+    """The reference run and a run killed at step 27: step 25 in the local tier, 20 in storage."""
     ref, ref_state = _reference(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     argv = _script(run)
     first = harness.run(argv, run, harness.child_env(T_ENTRY="activate", T_BLOCK_AT="27"), kill_on="BLOCKED")
     assert first.returncode < 0 and _steps(run / "durable")[-1] == 20, first.explain()
+    return ref, ref_state, run, argv
+
+
+def test_a_surviving_local_tier_resumes_its_newer_step_bitwise(tmp_path):
+    ref, ref_state, run, argv = _killed_at_27(tmp_path)
     out = run / "final.pt"
     second = harness.run(argv, run, harness.child_env(T_ENTRY="activate", T_OUT=str(out)))
     assert second.returncode == 0 and second.resumed_from == 25, second.explain()
@@ -93,12 +99,7 @@ def test_a_surviving_local_tier_resumes_its_newer_step_bitwise(tmp_path):
 def test_an_unreachable_durable_tier_leaves_the_local_one_to_resume_and_checkpoint(tmp_path):
     """Storage down at the rerun: the local tier's step resumes bitwise and takes the checkpoints;
     the copies to storage fail, said, and leave the local steps as they are."""
-    ref, ref_state = _reference(tmp_path)
-    run = tmp_path / "run"
-    run.mkdir()
-    argv = _script(run)
-    first = harness.run(argv, run, harness.child_env(T_ENTRY="activate", T_BLOCK_AT="27"), kill_on="BLOCKED")
-    assert first.returncode < 0 and _steps(run / "durable")[-1] == 20, first.explain()
+    ref, ref_state, run, argv = _killed_at_27(tmp_path)
     (run / "durable").rename(run / "durable.away")
     (run / "durable").write_text("not a store")  # opening it fails as an unreachable bucket does
     out = run / "final.pt"
