@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ravex {__version__}")
     sub = parser.add_subparsers(dest="verb_name", metavar="VERB")
     for verb in VERBS:
-        p = sub.add_parser(verb.name, help=verb.help, description=verb.help)
+        p = sub.add_parser(verb.name, help=verb.help, description=verb.description)
         verb.add_arguments(p)
         p.set_defaults(verb=verb)
     return parser

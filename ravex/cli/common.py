@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -42,7 +43,8 @@ class UsageError(Exception):
 class Verb:
     """One subcommand: its name, what it runs, and how it declares its arguments.
 
-    The first line of ``run``'s docstring is the verb's help.
+    The first paragraph of ``run``'s docstring is the verb's description (``ravex VERB
+    --help``), its first sentence the verb's line in ``ravex --help``.
     """
 
     name: str
@@ -50,8 +52,14 @@ class Verb:
     add_arguments: Callable[[argparse.ArgumentParser], None]
 
     @property
+    def description(self) -> str:
+        return " ".join(inspect.cleandoc(self.run.__doc__ or "").split("\n\n")[0].split())
+
+    @property
     def help(self) -> str:
-        return (self.run.__doc__ or "").strip().splitlines()[0]
+        text = self.description
+        end = text.find(". ")
+        return text if end < 0 else text[:end + 1]
 
 
 # ---- naming a store and a step ------------------------------------------------------------

@@ -361,3 +361,14 @@ def test_validate_folds_many_orphan_objects_into_one_row_and_json_lists_each(cli
     assert "(4 steps; 6 warnings, 5 of them orphan objects)" in r.out
     orphans = [f for f in cli("validate", run_store, "--json").json()["findings"] if f["kind"] == "orphan_object"]
     assert sorted(f["object"] for f in orphans) == sorted(map(digest, blobs))
+
+
+def test_each_verb_says_a_whole_sentence_in_the_verb_list_and_its_whole_first_paragraph_in_its_help():
+    from ravex.cli import VERBS, build_parser
+
+    listed = build_parser().format_help()
+    for verb in VERBS:
+        assert verb.help.endswith((".", ")")), (verb.name, verb.help)  # a docstring's line cut mid-sentence
+        assert " ".join(verb.help.split()) in " ".join(listed.split()), verb.name
+    validate = next(v for v in VERBS if v.name == "validate")
+    assert validate.description.endswith("what crashes leave and GC collects).")
