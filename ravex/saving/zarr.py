@@ -139,9 +139,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
 
     def _two_tiers(self, local_path: str) -> CheckpointStore:
         """The local tier, holding the newest step of the other machine's local tier (``replicas:
-        1``) or of the durable tier, if it had none as new. A durable tier unreachable now is
-        fetched from later only by its copies (:class:`~.steps.tiers.Unopened`), where the
-        local tier holds a step to resume from."""
+        1``) or of the durable tier, if it had none as new. Where the durable tier is unreachable
+        now and the local tier holds a step to resume from, the first copy that reaches the
+        durable tier opens it (:class:`~.steps.tiers.Unopened`)."""
         durable: CheckpointStore | Unopened
         try:
             durable = self._open_durable()
