@@ -52,6 +52,7 @@ CASES = {
     "class-snapshot": (Shape("class_snapshot.py", 48, 5, per_epoch=12, at_epoch_end=25), 4),
     "try-epochs": (Shape("try_epochs.py", 20, 3, at_epoch_end=10), 3),
     "prefetch-epochs": (Shape("prefetch_epochs.py", 36, 4, at_epoch_end=14), 4),
+    "sharded-sampler": (Shape("sharded_sampler.py", 24, 4, at_epoch_end=14), 4),
 }
 
 

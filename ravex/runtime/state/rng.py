@@ -64,14 +64,34 @@ def restore_generators(loader: Any, state: dict[str, Any]) -> None:
             gen.set_state(as_tensor(state[name]).to(torch.uint8))
 
 
+#: how deep samplers wrapped in samplers are searched for their generators
+_SAMPLER_DEPTH = 4
+
+
 def loader_generators(loader: Any) -> list[tuple[str, torch.Generator]]:
+    """The generators ``loader`` draws its order from, by name: its own, its sampler's, and
+    those of samplers wrapped in its batch sampler (Accelerate's ``BatchSamplerShard`` holds
+    a ``BatchSampler`` whose ``RandomSampler`` has a generator of its own), each named by the
+    attributes that reach it."""
     gens = []
     seen: set[int] = set()
-    for name, owner in (("generator", loader), ("sampler_generator", getattr(loader, "sampler", None)),
-                        ("batch_sampler_generator",
-                         getattr(getattr(loader, "batch_sampler", None), "sampler", None))):
-        gen = getattr(owner, "generator", None) if owner is not None else None
+    owners: list[tuple[str, Any, int]] = [("", loader, 0)]
+    while owners:
+        path, owner, depth = owners.pop(0)
+        gen = getattr(owner, "generator", None)
         if isinstance(gen, torch.Generator) and id(gen) not in seen:
             seen.add(id(gen))
-            gens.append((name, gen))
+            gens.append((_generator_name(path), gen))
+        if depth < _SAMPLER_DEPTH:
+            for attr in ("sampler", "batch_sampler"):
+                inner = getattr(owner, attr, None)
+                if inner is not None and inner is not owner:
+                    owners.append((f"{path}.{attr}" if path else attr, inner, depth + 1))
     return gens
+
+
+def _generator_name(path: str) -> str:
+    """``generator``, ``sampler_generator``, ``batch_sampler_generator`` (the batch sampler's
+    sampler's, as they were always named), else the path: ``batch_sampler.batch_sampler.sampler``."""
+    return {"": "generator", "sampler": "sampler_generator",
+            "batch_sampler.sampler": "batch_sampler_generator"}.get(path, f"{path}.generator")
