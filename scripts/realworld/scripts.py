@@ -381,9 +381,15 @@ def hf_clm(tpl):
 HF_CLM_CMD = ("run_clm_no_trainer.py --config_name cfg --tokenizer_name tok --train_file train.txt"
               " --validation_file valid.txt --block_size 32 --per_device_train_batch_size 4"
               " --per_device_eval_batch_size 8 --num_train_epochs 2 --learning_rate 1e-3 --seed 0 --output_dir out")
+# the default linear schedule's length is --num_train_epochs, so a straight 3-epoch run differs from the first
+# step on: the extension runs the same command with a constant schedule, which does not depend on the bound
+HF_CLM_CONSTANT_CMD = HF_CLM_CMD + " --lr_scheduler_type constant"
 SCRIPTS["hf-clm"] = dict(
     build=hf_clm, cmd=HF_CLM_CMD, every=20,
     counter=r"^.*epoch (\d+): perplexity", counter_desc="epoch (eval)", outputs=["out"],
+    extend=dict(bound="--num_train_epochs 2→3 (--lr_scheduler_type constant)", steps=105,  # 105 steps an epoch
+                cmd=HF_CLM_CONSTANT_CMD,
+                cmd2=_raised(HF_CLM_CONSTANT_CMD, "--num_train_epochs 2", "--num_train_epochs 3")),
 )
 SCRIPTS["hf-clm-ddp"] = dict(  # the same under torchrun, 2 ranks. Accelerate takes MULTI_CPU (gloo) only with
     # ACCELERATE_USE_CPU=true (what `accelerate launch --cpu` sets; without it each rank trains alone, NO)
