@@ -118,18 +118,22 @@ for r in res:
     print(f"| {r['script']} | `python {r['cmd']}` | {r['total']} {r['unit']}s | "
           f"{','.join(map(str, r['ref_store'])) or 'empty'} | {same} | {notes} |")
 
+def table_rows(header, key):
+    """Print a table's header row (``header``: the columns joined by `` | ``) and its rule; the
+    scripts' summary rows that hold ``key``."""
+    print(f"| {header} |")
+    print("|" + "---|" * len(header.split(" | ")))
+    return [r for r in res if r.get("summary") and r.get(key)]
+
+
 print("\n## A finished run, rerun\n")
 print("Run to the end in a fresh directory, then the same command again. *ran*: optimizer steps the "
       "second run took (0: it trained no more); *printed*: its progress lines; *files*: the script's own "
       "output files (of n) whose bytes the second run changed, rewrote with the same bytes (mtime), "
       "created or removed; *new vs first*: a new file of a name the first run also wrote (a new run "
       "directory) compared with the first run's.\n")
-print("| script | ran | printed | resumed | files changed | rewritten, same bytes | new files | new vs first | rc "
-      "| Ravex messages |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-for r in res:
-    if not r.get("summary") or not r.get("finished"):
-        continue
+for r in table_rows("script | ran | printed | resumed | files changed | rewritten, same bytes | new files "
+                    "| new vs first | rc | Ravex messages", "finished"):
     f = r["finished"]
 
     def lst(xs):
@@ -151,12 +155,8 @@ print("A run to the end in a fresh directory with bound B1, rerun there with the
       "output files that differ from the straight run's (the first three); *rc*: the first run's, the "
       "rerun's, the straight run's; *Ravex messages*: the rerun's other than the resume line (the witness's "
       "verdict among them).\n")
-print("| script | bound | ran / added | resumed | bitwise | params | buffers | optim | sched | max params (buffers) "
-      "| first printed | files differing | rc | Ravex messages |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-for r in res:
-    if not r.get("summary") or not r.get("extend"):
-        continue
+for r in table_rows("script | bound | ran / added | resumed | bitwise | params | buffers | optim | sched "
+                    "| max params (buffers) | first printed | files differing | rc | Ravex messages", "extend"):
     e = r["extend"]
     st = e["state"]
     mx = "n/a" if st is None else f"{fmt_max(st['params']['max'])} ({fmt_max(st['buffers']['max'])})"
