@@ -169,7 +169,6 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         else:
             fetch(local, durable)
         self.persister = Persister(durable, self.config.persist_every, self.config.persist_keep_last, self.rank)
-        self.persister.last_error = durable.error if isinstance(durable, Unopened) else None
         return local
 
     def _without_durable(self, local: CheckpointStore, durable: Unopened) -> None:
@@ -271,7 +270,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         if persister is not None:
             result["persisting"] = persister.committed(self.timeline, job.step)
         copying = any(p is not None and p.copying for p in (persister, self.replica))  # a copy reads the local tier
-        if (self.config.keep_last or self.config.keep_every) and self.rank == 0 and not copying:
+        if self._retains and not copying:
             result["gc"] = self._retain(job.step)
         return result
 
@@ -319,6 +318,11 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             logger.debug("%s", line)
         else:
             super()._log_line(line)
+
+    @property
+    def _retains(self) -> bool:
+        """This rank applies the store's retention (rank 0, ``keep_last``/``keep_every`` set)."""
+        return self.rank == 0 and bool(self.config.keep_last or self.config.keep_every)
 
     def _retain(self, step: int) -> float:
         """Retention (``keep_last``/``keep_every``): the store's GC; its seconds. A failure
@@ -398,7 +402,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             self.replica.close()
         if self.persister is not None:
             self.persister.close()
-            if self._committed and (self.config.keep_last or self.config.keep_every) and self.rank == 0:
+            if self._committed and self._retains:
                 self._retain(self._committed[-1])  # the one a copy deferred (the exit copy's, at least)
         if self.link is not None:  # serves this tier until the other machine's last copy landed
             self.link.close()

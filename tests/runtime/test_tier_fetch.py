@@ -95,6 +95,7 @@ def test_a_durable_tier_unreachable_at_start_is_opened_by_the_first_copy_that_re
         return open_store(str(tmp_path / "durable"), create=True)
 
     persister = Persister(Unopened(str(tmp_path / "durable"), reopen, "endpoint down"), every=1, keep_last=None)
+    assert persister.last_error == "endpoint down"  # what ravex.status() says before any copy
     with caplog.at_level(logging.INFO, logger="ravex"):
         for step, reach in ((8, False), (9, True)):
             writer.commit(step, {"w": np.full(1 << 14, step, dtype=np.float32)})

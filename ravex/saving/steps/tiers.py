@@ -60,7 +60,8 @@ class Persister:
         self.tier = tier
         self.commits = 0
         self.persisted_step: int | None = None
-        self.last_error: str | None = None
+        #: the last copy's error; an unreachable destination's from the start
+        self.last_error: str | None = durable.error if isinstance(durable, Unopened) else None
         self._newest_local: tuple[CheckpointStore, int] | None = None
         self._persisted: tuple[CheckpointStore, int] | None = None  # the newest step copied, and whence
         self._cv = threading.Condition()
