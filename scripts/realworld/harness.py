@@ -350,6 +350,11 @@ def script_lines(out, norm=None):
             and not x.startswith(("ravex", "[rs-")) and "Warning" not in x and not x.startswith(" ")]
 
 
+def steps_taken(dump, unit):
+    """The steps a run took by ``unit`` (optimizer steps, or backward() calls), from its dump; None without one."""
+    return (dump["step"] if unit == "step" else dump["backwards"]) if dump else None
+
+
 def ravex_notes(out):
     """Ravex's own messages other than checkpoint statistics and the resume line."""
     return [x for x in out.splitlines() if x.startswith("ravex") and not CKPT.match(x) and not RESUMED.search(x)]
@@ -394,7 +399,7 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
     return dict(
         first_rc=first["rc"], rerun_rc=again["rc"], rerun_secs=round(again["secs"], 1),
         first_steps=first["dump"]["step"] if first["dump"] else None,
-        rerun_ran=(d["step"] if unit == "step" else d["backwards"]) if d else None,
+        rerun_ran=steps_taken(d, unit),
         rerun_backwards=d["backwards"] if d else None,
         changed=sorted(f for f in before if f in after and after[f][0] != before[f][0]),
         rewritten=sorted(f for f in before if f in after and after[f] != before[f] and after[f][0] == before[f][0]),
@@ -403,11 +408,6 @@ def finished_rerun(spec, tpl, sub, yaml, base, python, unit):
         resumed=resumed_step(again["out"]),
         ravex_notes=ravex_notes(again["out"])[:6], tail=again["out"].strip().splitlines()[-3:],
     )
-
-
-def ravex_lines(out):
-    """Every line Ravex printed other than checkpoint statistics (the resume line and witness included)."""
-    return [x for x in out.splitlines() if x.startswith("ravex") and not CKPT.match(x)]
 
 
 def extend_run(spec, tpl, sub, yaml, base, python, unit):
@@ -426,7 +426,6 @@ def extend_run(spec, tpl, sub, yaml, base, python, unit):
     first_store = store_steps(workdir, nproc)
     if edit:
         edit(workdir)
-    time.sleep(0.05)
     again = run(workdir, cmd2, python, spec, log_name="rs_log_extend.txt")
     fresh(tpl, os.path.join(base, "straight"), sub, yaml)
     sdir = os.path.join(base, "straight", sub)
@@ -434,26 +433,22 @@ def extend_run(spec, tpl, sub, yaml, base, python, unit):
         edit(sdir)
     straight = run(sdir, cmd2, python, spec)
 
-    def steps(r):
-        d = r["dump"]
-        return (d["step"] if unit == "step" else d["backwards"]) if d else None
-
     counters = counter_lines(again["out"], spec["counter"])
     straight_lines = script_lines(straight["out"], norm)
     foreign = [x for x in script_lines(again["out"], norm) if x not in straight_lines]
-    b1, b2 = steps(first), steps(straight)
+    b1, b2 = steps_taken(first["dump"], unit), steps_taken(straight["dump"], unit)
     return dict(
         bound=ext["bound"], cmd=cmd1, cmd2=cmd2, steps_declared=ext["steps"],
         first_rc=first["rc"], rerun_rc=again["rc"], straight_rc=straight["rc"],
         first_steps=b1, straight_steps=b2, steps_added=b2 - b1 if b1 is not None and b2 is not None else None,
-        first_store=first_store, rerun_ran=steps(again),
+        first_store=first_store, rerun_ran=steps_taken(again["dump"], unit),
         rerun_backwards=again["dump"]["backwards"] if again["dump"] else None,
         rerun_secs=round(again["secs"], 1), resumed=resumed_step(again["out"]),
         state=state_diffs(again["dump"], straight["dump"]), files=file_diffs(workdir, sdir, spec["outputs"], norm),
         same_name=named_files(workdir, spec["outputs"], norm)[1],
         first_counter=counters[0] if counters else None, counter_lines=len(counters),
         counter_lines_straight=len(counter_lines(straight["out"], spec["counter"])),
-        foreign_lines=foreign[:6], n_foreign=len(foreign), ravex_lines=ravex_lines(again["out"])[:8],
+        foreign_lines=foreign[:6], n_foreign=len(foreign), ravex_notes=ravex_notes(again["out"])[:8],
         tail=again["out"].strip().splitlines()[-3:],
     )
 
@@ -542,7 +537,7 @@ def main():
             step = resumed_step(r["out"])
             resumed = int(step) if step is not None else None
             d = r["dump"]
-            ran = (d["step"] if unit == "step" else d["backwards"]) if d else None
+            ran = steps_taken(d, unit)
             expected = total - (resumed or 0) if unit == "step" else total
             rerun_lines = script_lines(r["out"], norm)
             foreign = [x for x in rerun_lines if x not in ref_lines]
@@ -587,7 +582,7 @@ def print_extend(name, e):
     st = e["state"]
     eq = all(v["equal"] for v in st.values()) if st else None
     # the witness's verdict, else what Ravex said first (e.g. that it would not train again)
-    said = [x for x in e["ravex_lines"] if "verified" in x or "diverged" in x] or e["ravex_lines"]
+    said = [x for x in e["ravex_notes"] if "verified" in x or "diverged" in x] or e["ravex_notes"]
     print(f"[{name}] extend {e['bound']}: ran={e['rerun_ran']}/{e['steps_declared']} (straight - first = "
           f"{e['steps_added']}) resumed={e['resumed']} bitwise vs straight={eq} files={e['files']} "
           f"rc={e['first_rc']},{e['rerun_rc']},{e['straight_rc']} ravex={said[:1]}", flush=True)

@@ -168,8 +168,7 @@ for r in table_rows("script | bound | ran / added | resumed | bitwise | params |
         ran = f"**{ran}**"
     desc = SCRIPTS[r["script"]]["counter_desc"]
     first = f"{desc} = {','.join(e['first_counter'])}" if e["first_counter"] else "-"
-    said = [n for n in e["ravex_lines"] if not n.startswith("ravex: resumed from step")]  # the *resumed* column
-    notes = "; ".join(f"`{cell(n[:220])}`" for n in said[:3]) or "-"
+    notes = "; ".join(f"`{cell(n[:220])}`" for n in e["ravex_notes"][:3]) or "-"  # the resume line: *resumed*
     files = "; ".join(cell(f) for f in e["files"][:3]) + (f" (+{len(e['files']) - 3})" if len(e["files"]) > 3 else "")
     print(f"| {r['script']} | {cell(e['bound'])} | {ran} / {added} | {e['resumed'] or 'none'} | {bitwise(st)} "
           f"| {eq(st, 'params')} | {eq(st, 'buffers')} | {eq(st, 'optimizers')} | {eq(st, 'schedulers')} | {mx} "
