@@ -8,6 +8,7 @@ from ravex.format.reports.diff import StepDiff
 
 from .common import (
     EXIT_OK,
+    UsageError,
     Verb,
     console,
     json_argument,
@@ -27,6 +28,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from ravex.format.steps.sections import named, object_names
     from ravex.tui.formatting import display_path
 
+    if args.stray is not None:
+        raise UsageError(f"diff takes two steps, A and B, and got three arguments: a store goes into A "
+                         f"({args.a}@{args.b} {args.stray}); a bare B is read from A's store")
     store_a = open_store_for(split_step(args.a)[0])
     a = open_step_for(args.a, store_a)
     b = open_step_for(args.b, store_a if split_step(args.b)[0] is None else None)  # a bare step: A's store
@@ -109,6 +113,7 @@ def _diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="reference step (step_100, latest, TIMELINE@100, STORE@step_100)")
     p.add_argument("b", metavar="B",
                    help="the step to compare with A (a bare step is in A's store, on its current timeline)")
+    p.add_argument("stray", nargs="?", help=argparse.SUPPRESS)  # `ravex diff STORE 60 72`: named in an error
     p.add_argument("--threshold", type=float, default=None,
                    help="list only changed tensors with ‖a-b‖/‖a‖ at least this")
     p.add_argument("--all", action="store_true", help="also list unchanged tensors and values")

@@ -180,6 +180,13 @@ def test_diff_across_two_stores(cli, tmp_path):
     assert statuses["model/layers.0.attn.bias"] == "unchanged"  # zeros in both runs
 
 
+def test_diff_with_the_store_apart_names_the_form_it_takes(cli, run_store):
+    r = cli("diff", run_store, "100", "200")
+    assert r.rc == 2 and "unrecognized" not in r.err, r
+    assert f"a store goes into A ({run_store}@100 200)" in r.err and len(r.err.strip().splitlines()) == 1, r
+    assert cli("diff", f"{run_store}@100", "200").rc == 0
+
+
 def test_validate_ok_and_json(cli, run_store):
     r = cli("validate", run_store, "--full", "--json")
     assert r.rc == 0, r
