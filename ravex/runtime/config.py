@@ -99,8 +99,8 @@ class RavexConfig:
     persist_every: int = 1
     #: retention in ``storage`` when ``local`` is set (``keep_last`` is the local tier's; null: keep all)
     persist_keep_last: int | None = 3
-    #: 1: each rank's local step is also kept in the other machine's local tier (torchrun on two
-    #: machines, ``local:`` set), so losing one machine loses no step (ravex/saving/steps/replicas.py)
+    #: 1: each rank's local step is also kept in the other machines' local tiers (torchrun on
+    #: several machines, ``local:`` set), so losing one machine loses no step (ravex/saving/steps/replicas.py)
     replicas: int = 0
     compression: str = "none"
     delta: bool = True

@@ -210,8 +210,8 @@ class CheckpointBackend(ABC):
 
     def durable_tier(self) -> dict[str, Any] | None:
         """With two tiers (``local:``, :mod:`ravex.saving.steps.tiers`): the durable tier's URL, the
-        newest step copied there and the last copy's error; with ``replicas: 1`` the same of the
-        other machine's local tier under ``replica``. None with one tier."""
+        newest step copied there and the last copy's error; with ``replicas: 1`` the same of each
+        other machine's local tier, a list under ``replicas``. None with one tier."""
         return None
 
     @property

@@ -39,7 +39,7 @@ from .logline import commit_text
 from .plan import SavingSettings
 from .ranks import place
 from .steps.forks import TimelineForks
-from .steps.replicas import Machines, ReplicaLink, check_machines
+from .steps.replicas import Machines, ReplicaLink, check_machines, say_copies
 from .steps.settler import Settler
 from .steps.tiers import Persister, Unopened, describe, fetch
 from .witness_writer import WitnessWriter
@@ -107,9 +107,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         self.world_size = world_size
         #: with ``local:``, the durable tier's background copy (ravex/saving/steps/tiers.py)
         self.persister: Persister | None = None
-        #: with ``replicas: 1``, the other machine's local tier and the copy to it (steps/replicas.py)
+        #: with ``replicas: 1``, the other machines' local tiers and the copies to them (steps/replicas.py)
         self.link: ReplicaLink | None = None
-        self.replica: Persister | None = None
+        self.replicas: list[Persister] = []
         if config.local is None:
             self.store = self._open_durable()
         else:
@@ -138,7 +138,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         return open_store(storage.url, create=True, storage_options=storage.storage_options())
 
     def _two_tiers(self, local_path: str) -> CheckpointStore:
-        """The local tier, holding the newest step of the other machine's local tier (``replicas:
+        """The local tier, holding the newest step of the other machines' local tiers (``replicas:
         1``) or of the durable tier, if it had none as new. Where the durable tier is unreachable
         now and the local tier holds a step to resume from, the first copy that reaches the
         durable tier opens it (:class:`~.steps.tiers.Unopened`)."""
@@ -151,19 +151,22 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         replicas = self.config.replicas
         if replicas:
             check_machines(machines, local_path)
+            say_copies(machines, local_path)
         elif machines.count > 1:
             raise RavexError(
                 f"local: {local_path!r} holds only this machine's ranks, and these {self.world_size} ranks "
                 f"run on several machines: a step there is never complete. Set 'replicas: 1' (each machine's "
-                f"local tier also keeps the other's steps; two machines), drop 'local:' (every checkpoint "
+                f"local tier also keeps the other machines' steps), drop 'local:' (every checkpoint "
                 f"goes to {durable.url!r}) or run on one machine")
         local = open_store(local_path, create=True)
         if replicas:
             self.link = ReplicaLink(local, machines)
-            self.fork_peer = self.link.peer
-            fetch(local, self.link.peer, source="the other machine's local tier")
-            self.replica = Persister(self.link.peer, 1, self.config.keep_last, self.rank, tier="replica",
-                                     in_order=True, keep_every=self.config.keep_every)
+            self.fork_peer = self.link.first_machine
+            for partner in self.link.partners:
+                fetch(local, partner.store, source=partner.source)
+            self.replicas = [Persister(partner.store, 1, self.config.keep_last, self.rank, tier="replica",
+                                       in_order=True, keep_every=self.config.keep_every)
+                             for partner in self.link.partners]
         if isinstance(durable, Unopened):
             self._without_durable(local, durable)
         else:
@@ -185,6 +188,11 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
                            "%d) and checkpointing there; each copy to storage tries it again", durable.url,
                            durable.error, local.url, history[-1][1])
 
+    @property
+    def _copies(self) -> list[Persister]:
+        """The background copies out of the local tier: to the other machines', then the durable one."""
+        return [*self.replicas, *([self.persister] if self.persister is not None else [])]
+
     def durable_tier(self) -> dict[str, Any] | None:
         # docstring inherited
         persister = self.persister
@@ -192,10 +200,10 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             return None
         out: dict[str, Any] = {"url": persister.url, "persisted_step": persister.persisted_step,
                                "copying": persister.copying, "last_error": persister.last_error}
-        replica = self.replica
-        if replica is not None:  # replicas: 1, the other machine's local tier
-            out["replica"] = {"url": replica.url, "replicated_step": replica.persisted_step,
-                              "copying": replica.copying, "last_error": replica.last_error}
+        if self.replicas:  # replicas: 1, the other machines' local tiers
+            out["replicas"] = [{"url": replica.url, "replicated_step": replica.persisted_step,
+                                "copying": replica.copying, "last_error": replica.last_error}
+                               for replica in self.replicas]
         return out
 
     def set_run(self, run_id: str | None) -> None:
@@ -264,12 +272,12 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         result: dict[str, Any] = {"stats": self._commit(job)}
         if self.world_size > 1 and self.rank == 0:
             self._settler.settle(self.timeline, job.step)
-        if self.replica is not None:
-            result["replicating"] = self.replica.committed(self.timeline, job.step)
+        if self.replicas:
+            result["replicating"] = all([replica.committed(self.timeline, job.step) for replica in self.replicas])
         persister = self.persister
         if persister is not None:
             result["persisting"] = persister.committed(self.timeline, job.step)
-        copying = any(p is not None and p.copying for p in (persister, self.replica))  # a copy reads the local tier
+        copying = any(copy.copying for copy in self._copies)  # a copy reads the local tier
         if self._retains and not copying:
             result["gc"] = self._retain(job.step)
         return result
@@ -389,22 +397,21 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         """Wait for the write in flight, its witness, and a copy to the durable tier underway."""
         super().flush()
         self._witnesses.flush()
-        for persister in (self.replica, self.persister):  # the copy underway, then its step's witness
-            if persister is not None:
-                persister.flush()
-                persister.refresh_witness()
-                persister.flush()
+        for persister in self._copies:
+            persister.flush()  # the copy underway, then its step's witness
+            persister.refresh_witness()
+            persister.flush()
 
     def close(self) -> None:
         super().close()
         self._witnesses.close()
-        if self.replica is not None:
-            self.replica.close()
+        for replica in self.replicas:
+            replica.close()
         if self.persister is not None:
             self.persister.close()
             if self._committed and self._retains:
                 self._retain(self._committed[-1])  # the one a copy deferred (the exit copy's, at least)
-        if self.link is not None:  # serves this tier until the other machine's last copy landed
+        if self.link is not None:  # serves this tier until the other machines' last copies landed
             self.link.close()
         self._settler.close(self.timeline)
         self._drop_writer()

@@ -5,7 +5,8 @@ replica of the other machine's rank); only every 2nd is copied to the bucket. On
 SIGKILLed after step 13 (checkpoint 12 only in the local tiers, 8 in the bucket; the other
 machine fails on its own), its local tier is deleted, and the rerun resumes from step 12 through
 the other machine's tier, not from the bucket's 8, ending bitwise equal to an uninterrupted run.
-A rollback (``resume: 8``) forks the timeline in both machines' tiers."""
+A rollback (``resume: 8``) forks the timeline in both machines' tiers. Two machines of two ranks
+pair by local rank, and three machines keep a full copy of each step on each."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from rhelpers import BUCKET, KEY, SECRET, options_for
 
 from ravex.format import open_store
+from ravex.format.reports.validate import validate
 from tests.distributed import dharness as h
 
 STEPS = 16  # 2 epochs x 8 batches per rank at 2 ranks
@@ -48,7 +50,7 @@ class Job:
         return [{"RAVEX_LOCAL": str(tier)} for tier in self.tiers]
 
     def run(self, **extra: str) -> list[h.Result]:
-        return h.run_nodes(1, self.cwd, h.env(T_ENTRY="activate", **self.environ, **extra), nnodes=2,
+        return h.run_nodes(1, self.cwd, h.env(T_ENTRY="activate", **self.environ, **extra), nnodes=len(self.tiers),
                            node_env=self.per_node)
 
 
@@ -126,7 +128,7 @@ def test_a_machine_lost_resumes_the_newest_local_step_from_its_replica_bitwise(j
     results = job.run(T_OUT=str(out))
     second = h.joined(results)
     _check_resumed(second, reference, 12)
-    assert "ravex: step 12 came from the other machine's local tier" in results[lost].stderr, second.explain()
+    assert f"ravex: step 12 came from rank {1 - lost}'s machine" in results[lost].stderr, second.explain()
     assert "came from the durable tier" not in second.stderr, second.explain()
     # the lost machine's rank checked itself against its own witness, which came back with the step
     assert "ravex: resume verified: after step 12, step 13 matches the run that wrote it on 2 ranks" \
@@ -185,8 +187,67 @@ def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server
                           node_env=job.per_node)
     second = h.joined(results)
     assert second.returncode == 0, second.explain()
-    assert results[1].stderr.count("ravex: step 6 came from the other machine's local tier") == 1, second.explain()
+    assert results[1].stderr.count("ravex: step 6 came from rank") == 1, second.explain()
     for rank in range(4):
         assert second.restored(rank) == 6, second.explain()
         assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > 6}, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
+
+
+def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(moto_server, tmp_path):
+    """Three machines of one rank: each tier holds all three ranks' manifests and objects of each
+    step (said once at start: three copies). The middle machine is SIGKILLed after step 7 and its
+    tier deleted; the rerun takes step 6 from another machine's tier, not the bucket's 4, and ends
+    bitwise equal to an uninterrupted run (``find_unused_parameters``: see the 4-rank case). A
+    rollback to the older kept step then forks the timeline in rank 0's tier, and the other two
+    machines take it from there: every tier ends on the fork."""
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    ref_out = ref_dir / "final.pt"
+    ref = h.run(3, ref_dir, h.env(T_ENTRY="none", T_FIND_UNUSED="1", T_OUT=str(ref_out)))
+    assert ref.returncode == 0, ref.explain()
+    steps = max(ref.losses(0))  # 64 samples at 3 ranks: 6 batches of each epoch per rank
+    job = _job(moto_server, tmp_path, "replicas3", 2, T_FIND_UNUSED="1")
+    job.tiers.append(job.cwd / "local-node2")
+    seen: set[str] = set()
+
+    def all_flushed(lines: list[list[str]]) -> int | None:
+        """Machine 1, once every rank flushed its copies after step 7 (the others train on)."""
+        for own in lines:
+            if own and own[-1].startswith("BLOCKED "):
+                seen.add(own[-1].split()[1])
+        return 1 if seen >= {"0", "1", "2"} else None
+
+    results = h.run_nodes(1, job.cwd, h.env(T_ENTRY="activate", T_BLOCK_AT="7", T_BLOCK_RANKS="1", **job.environ),
+                          nnodes=3, node_env=job.per_node, kill_node_when=all_flushed)
+    first = h.joined(results)
+    assert first.killed, first.explain()
+    assert results[0].stderr.count("replicas: 1 on 3 machines keeps each step in every machine's local tier") == 1
+    for tier in job.tiers:
+        store = open_store(tier).current()
+        assert store.complete_steps()[-2:] == [4, 6], first.explain()
+        assert list(store.step_info(6).ranks) == [0, 1, 2], first.explain()
+        assert validate(store, steps=[6]).ok, first.explain()  # every object of the step is in this tier
+    assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
+
+    shutil.rmtree(job.tiers[1])
+    out = tmp_path / "final.pt"
+    results = job.run(T_OUT=str(out))
+    second = h.joined(results)
+    assert second.returncode == 0, second.explain()
+    assert "ravex: step 6 came from rank 2's machine" in results[1].stderr, second.explain()
+    assert "came from" not in results[0].stderr + results[2].stderr, second.explain()
+    for rank in range(3):
+        assert second.restored(rank) == 6, second.explain()
+        assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > 6}, second.explain()
+    assert "resume verified" in second.stderr and "FAILED" not in second.stderr, second.explain()
+    h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
+
+    third = h.joined(job.run(T_OUT=str(out), RAVEX_RESUME=str(steps - 2)))  # keep_last 2: the older of two
+    assert third.returncode == 0, third.explain()
+    for rank in range(3):
+        assert third.restored(rank) == steps - 2, third.explain()
+    h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
+    for tier in job.tiers:
+        current = open_store(tier).current()
+        assert current.timeline.fork_step == steps - 2 and current.complete_steps()[-1] == steps, third.explain()

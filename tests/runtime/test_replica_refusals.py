@@ -1,6 +1,6 @@
 """``replicas:`` where it cannot work is a one-line error at start naming the fix (issue 33
 item 2): ``local:`` on several machines without ``replicas: 1``, ``replicas: 1`` without
-``local:``, on one machine, or on more than two machines. ``replicas`` is read from the
+``local:``, on one machine, or on machines of unequal size. ``replicas`` is read from the
 yaml, the environment and ``activate()`` like every key."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 from ravex.format import RavexError
 from ravex.runtime.config import RavexConfig
 from ravex.saving.selection import get_backend
+from ravex.saving.steps.replicas import partners_of
 
 
 def _config(tmp_path, **keys) -> RavexConfig:
@@ -37,9 +38,16 @@ def test_replicas_on_one_machine_is_refused(tmp_path, monkeypatch):
              r"all 2 rank\(s\) run on this one: drop 'replicas: 1'")
 
 
-def test_replicas_on_three_machines_is_refused(tmp_path, monkeypatch):
-    _refused(monkeypatch, _config(tmp_path, local=str(tmp_path / "local"), replicas=1), 6, 2,
-             r"replicas: 1 supports two machines")
+def test_replicas_on_machines_of_unequal_size_is_refused(tmp_path, monkeypatch):
+    _refused(monkeypatch, _config(tmp_path, local=str(tmp_path / "local"), replicas=1), 5, 2,
+             r"replicas: 1 needs machines \(torchrun nodes\) of equal size.*same --nproc-per-node")
+
+
+@pytest.mark.parametrize(("rank", "world", "per_machine", "partners"), [
+    (0, 2, 1, [1]), (1, 2, 1, [0]), (1, 4, 2, [3]), (0, 3, 1, [1, 2]), (2, 3, 1, [0, 1]),
+    (1, 6, 2, [3, 5]), (5, 8, 2, [7, 1, 3])])
+def test_each_rank_partners_with_its_local_rank_on_every_other_machine(rank, world, per_machine, partners):
+    assert partners_of(rank, world, per_machine) == partners
 
 
 def test_replicas_comes_from_env_and_activate(tmp_path):

@@ -32,8 +32,8 @@ class TimelineForks:
     _fork_from: tuple[Any, int | None] | None
     _handed: tuple[int, Any] | None  # (step, its view): checked and pinned, read and handed over from here
     _drop_writer: Callable[[], None]  # the backend's: the next write opens a writer on the timeline chosen
-    #: ``replicas: 1``: the other machine's local tier, where rank 0 forks when this rank's tier is
-    #: not rank 0's (:meth:`fork_agreed` takes the timeline from there)
+    #: ``replicas: 1``: rank 0's machine's local tier, where rank 0 forks, when this rank's tier is
+    #: another machine's (:meth:`fork_agreed` takes the timeline from there)
     fork_peer: CheckpointStore | None = None
 
     def resume_point(self, resume: int | str, follow: bool = False) -> int:
@@ -137,7 +137,7 @@ class TimelineForks:
         if rank != 0:
             parent = None if owner is None else owner.timeline.name
             found = self._forked_by_run(self.store, parent, step)
-            if not found and self.fork_peer is not None:  # rank 0 forked on the other machine's tier
+            if not found and self.fork_peer is not None:  # rank 0 forked on its machine's tier
                 found = self._adopt_fork(self.fork_peer, parent, step)
             if len(found) != 1:
                 raise RavexError(f"{asked}: rank 0 started this run's timeline, but this rank finds "

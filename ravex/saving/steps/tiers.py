@@ -41,8 +41,8 @@ class Persister:
 
     ``rank``: whose manifests this process copies (its own: every rank copies what it wrote, so
     ranks never wait on each other); rank 0 also applies the retention of the destination.
-    ``tier``: what the destination is, for the log lines (``storage``, or ``replica``: the
-    other machine's local tier, :mod:`.replicas`, which takes every step). ``in_order``: copy
+    ``tier``: what the destination is, for the log lines (``storage``, or ``replica``: another
+    machine's local tier, :mod:`.replicas`, which takes every step). ``in_order``: copy
     every queued step, oldest first, none overtaken: the replica's, because a step that reached
     the other tier for some ranks only is no step of that tier (the resume's agreement and a
     rollback there need each step the local tier holds); the queue holds step numbers only, and
@@ -232,7 +232,7 @@ def fetch(local: CheckpointStore, durable: CheckpointStore, source: str = "the d
     rank's manifests and witnesses (the resume checks itself against them, spec §22). The ranks of
     one machine share the local tier and each calls this: one of them copies, under the tier's
     lock, and says so; the others find the step there. The step fetched, or None. ``source``
-    names ``durable`` in the log line (the other machine's local tier is fetched from too:
+    names ``durable`` in the log line (the other machines' local tiers are fetched from too:
     :mod:`.replicas`)."""
     from ravex.format import copy_step
 
