@@ -1,7 +1,7 @@
 """``replicas:`` where it cannot work is a one-line error at start naming the fix (issue 33
 item 2): ``local:`` on several machines without ``replicas: 1``, ``replicas: 1`` without
-``local:``, on one machine, or on machines of unequal size. ``replicas`` is read from the
-yaml, the environment and ``activate()`` like every key."""
+``local:``, on one machine, on machines of unequal size, or on more machines than it takes.
+``replicas`` is read from the yaml, the environment and ``activate()`` like every key."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from ravex.format import RavexError
 from ravex.runtime.config import RavexConfig
 from ravex.saving.selection import get_backend
-from ravex.saving.steps.replicas import partners_of
+from ravex.saving.steps.replicas import MAX_MACHINES, partners_of
 
 
 def _config(tmp_path, **keys) -> RavexConfig:
@@ -41,6 +41,12 @@ def test_replicas_on_one_machine_is_refused(tmp_path, monkeypatch):
 def test_replicas_on_machines_of_unequal_size_is_refused(tmp_path, monkeypatch):
     _refused(monkeypatch, _config(tmp_path, local=str(tmp_path / "local"), replicas=1), 5, 2,
              r"replicas: 1 needs machines \(torchrun nodes\) of equal size.*same --nproc-per-node")
+
+
+def test_replicas_on_more_machines_than_it_takes_is_refused(tmp_path, monkeypatch):
+    _refused(monkeypatch, _config(tmp_path, local=str(tmp_path / "local"), replicas=1), 2 * (MAX_MACHINES + 1), 2,
+             rf"on {MAX_MACHINES + 1} machines \({MAX_MACHINES + 1} copies.*takes up to {MAX_MACHINES} machines: drop "
+             r"'local:' and 'replicas:'")
 
 
 @pytest.mark.parametrize(("rank", "world", "per_machine", "partners"), [

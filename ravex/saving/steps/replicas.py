@@ -15,7 +15,8 @@ partners' tiers first (:func:`~.tiers.fetch`), before the durable tier's.
 On more than two machines that is one copy per machine, not one replica: a tier holding a part
 of a step (a ring of single replicas) cannot be resumed from, settled or collected alone
 (``docs/SCALE.md``), so a job of ``M`` machines keeps ``M`` copies of each step, and each rank
-sends what it writes ``M - 1`` times; said once at start (:func:`say_copies`).
+sends what it writes ``M - 1`` times; said once at start (:func:`say_copies`), and refused above
+:data:`MAX_MACHINES` machines.
 
 The partners meet through the job's rendezvous store (torchrun's, ``MASTER_ADDR:MASTER_PORT``),
 which exists before ``init_process_group`` (``ravex.activate()`` usually runs before it): each
@@ -41,8 +42,11 @@ logger = logging.getLogger("ravex")
 #: how long a rank waits at start for its partner to publish its address (it opens its backend
 #: at the same ``ravex.activate()``; a partner that never does fails this start, said in one line)
 RENDEZVOUS_TIMEOUT_S = 300.0
-#: how long a closing rank keeps serving its tier for the partner's last copy (its exit checkpoint)
+#: how long a closing rank keeps serving its tier for the partners' last copies (their exit checkpoints)
 BYE_TIMEOUT_S = 120.0
+#: the most machines ``replicas: 1`` takes: each keeps a full copy of every step, and each rank
+#: sends its writes to every other machine, so the cost grows with the machines (refused above)
+MAX_MACHINES = 8
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,12 @@ def check_machines(machines: Machines, local: str) -> None:
                          f"{machines.world_size} ranks run {machines.local_world_size} per machine: give every "
                          f"node the same --nproc-per-node, or drop 'local:' (every checkpoint then goes to "
                          f"'storage:')")
+    if machines.count > MAX_MACHINES:
+        raise RavexError(f"replicas: 1 keeps a full copy of each step in every machine's local tier, and these "
+                         f"ranks run on {machines.count} machines ({machines.count} copies, each rank's writes sent "
+                         f"{machines.count - 1} times; a ring of single replicas is not done: docs/SCALE.md); it "
+                         f"takes up to {MAX_MACHINES} machines: drop 'local:' and 'replicas:' (every checkpoint then "
+                         f"goes to 'storage:')")
 
 
 def say_copies(machines: Machines, local: str) -> None:
