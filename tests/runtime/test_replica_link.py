@@ -1,7 +1,9 @@
-"""``replicas: 1`` in one process, without torchrun: two backends (ranks 0 and 1, one per
-"machine") meet through a rendezvous store of their own, as torchrun's ranks do; the one whose
-local tier is empty takes the other's newest step at start; ``status()`` names the replica;
-closing waits for the partner's bye, so neither leaves the other without its tier."""
+"""``replicas: 1`` in one process, without torchrun: backends (one rank per "machine") meet
+through a rendezvous store of their own, as torchrun's ranks do; the one whose local tier is
+empty takes the other's newest step at start; ``status()`` names the replica; closing waits for
+the partner's bye, so neither leaves the other without its tier. On three machines each tier
+takes the newest step any other tier holds (the torchrun case, tests/remote/test_replicas_s3.py,
+checks that each step written lands in all three)."""
 
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def rendezvous(monkeypatch):
     yield store
 
 
-def _both(make):
-    """``make(rank)`` on two threads at once (each waits for the other at the rendezvous)."""
+def _both(make, ranks: int = 2):
+    """``make(rank)`` on ``ranks`` threads at once (each waits for the others at the rendezvous)."""
     out: dict[int, object] = {}
     errors: list[BaseException] = []
 
@@ -42,7 +44,7 @@ def _both(make):
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(rank,)) for rank in (0, 1)]
+    threads = [threading.Thread(target=one, args=(rank,)) for rank in range(ranks)]
     for t in threads:
         t.start()
     for t in threads:
@@ -73,3 +75,27 @@ def test_an_empty_tier_takes_the_other_machines_newest_step(tmp_path, rendezvous
     started = time.monotonic()
     _both(lambda rank: backends[rank].close())
     assert time.monotonic() - started < BYE_TIMEOUT_S / 2  # each waited for the other's bye, not its timeout
+
+
+def test_three_machines_take_the_newest_step_of_any_tier_and_keep_each_step_in_all(tmp_path, rendezvous):
+    """Tier 0 holds steps 5 and 7, tier 2 only 5, tier 1 nothing (a new machine): at start tiers 1
+    and 2 take step 7, whichever partner each asks first; each names its partners nearest first."""
+    tiers = [tmp_path / f"local-{rank}" for rank in range(3)]
+    for tier, steps in ((tiers[0], (5, 7)), (tiers[2], (5,))):
+        with open_store(tier, create=True).writer() as w:
+            for step in steps:
+                w.commit(step, {"w": np.full(1000, step, dtype="float32"), "step": step})
+
+    def backend(rank: int):
+        config = RavexConfig.load(overrides={"storage": str(tmp_path / "durable"), "local": str(tiers[rank]),
+                                             "replicas": 1}, environ={})
+        return get_backend(config, rank=rank, world_size=3)
+
+    backends = _both(backend, ranks=3)
+    for tier in tiers:
+        assert open_store(tier).complete_steps()[-1] == 7, tier
+        assert np.array_equal(open_store(tier).read(7)["w"], np.full(1000, 7, dtype="float32"))
+    status = backends[1].durable_tier()
+    assert status is not None and [r["url"].split("(")[1] for r in status["replicas"]] == [
+        "rank 2's local tier)", "rank 0's local tier)"]
+    _both(lambda rank: backends[rank].close(), ranks=3)
