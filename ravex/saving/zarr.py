@@ -211,8 +211,17 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         self._run_id = run_id
 
     def discard_incomplete_above(self, floor: int | None) -> list[int]:
-        # docstring inherited
-        return self.timeline.discard_incomplete_above(floor)
+        """Drop the partial writes of steps newer than ``floor`` (a crashed run's), in the local
+        tier and, with ``replicas: 1``, in the other machines' tiers too: their copies of a
+        crashed run's partial step would mix with this run's copies of the step of that number.
+        Rank 0 calls it at start, before any rank writes; rank 0 reaches every machine's tier
+        (its partners), and a step above the newest complete one is in no tier complete."""
+        dropped = self.timeline.discard_incomplete_above(floor)
+        name = self.timeline.timeline.name
+        for partner in self.link.partners if self.link is not None else []:
+            if name in partner.store.timelines():
+                partner.store.on_timeline(name).discard_incomplete_above(floor)
+        return dropped
 
     # ── the timeline's lease (rank 0) ───────────────────────────────────
 
@@ -277,8 +286,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         persister = self.persister
         if persister is not None:
             result["persisting"] = persister.committed(self.timeline, job.step)
-        copying = any(copy.copying for copy in self._copies)  # a copy reads the local tier
-        if self._retains and not copying:
+        if self._retains:
             result["gc"] = self._retain(job.step)
         return result
 
@@ -337,10 +345,20 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         is logged, not a failed checkpoint."""
         started = time.perf_counter()
         try:
-            self.store.gc(keep_last=self.config.keep_last, keep_every=self.config.keep_every)
+            self.store.gc(keep_last=self._keep_last_now(), keep_every=self.config.keep_every)
         except Exception as exc:
             logger.warning("ravex: retention (gc) failed after step %d: %s", step, exc)
         return time.perf_counter() - started
+
+    def _keep_last_now(self) -> int | None:
+        """``keep_last``, raised to keep each local step a background copy has yet to read (a
+        copy to the durable tier or another machine's: retention must not wait for the copies,
+        which may never all be idle at once)."""
+        keep = self.config.keep_last
+        needed = [step for copy in self._copies if (step := copy.oldest_needed) is not None]
+        if keep is None or not needed:
+            return keep
+        return max(keep, sum(1 for step in self.timeline.complete_steps() if step >= min(needed)))
 
     def _drop_writer(self) -> None:
         writer, self._writer = self._writer, None
@@ -378,6 +396,8 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         except Exception:
             if timeline.storage.exists(timeline.manifest_key(witness.step, self.rank)):
                 raise
+        for replica in self.replicas:  # a machine lost before the next copy must not take this record along
+            replica.refresh_witness()
 
     def read_witness(self, step: int, rank: int) -> Witness | None:
         # docstring inherited

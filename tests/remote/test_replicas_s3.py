@@ -197,8 +197,10 @@ def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server
 def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(moto_server, tmp_path):
     """Three machines of one rank: each tier holds all three ranks' manifests and objects of each
     step (said once at start: three copies). The middle machine is SIGKILLed after step 7 and its
-    tier deleted; the rerun takes step 6 from another machine's tier, not the bucket's 4, and ends
-    bitwise equal to an uninterrupted run (``find_unused_parameters``: see the 4-rank case). A
+    tier deleted, and its record of step 7 (its witness of step 6) too where the rerun fetches step 6:
+    the rerun takes step 6 from another machine's tier, not the bucket's 4, says which rank had no
+    record to verify the resume against, and ends bitwise equal to an uninterrupted run
+    (``find_unused_parameters``: see the 4-rank case). A
     rollback to the older kept step then forks the timeline in rank 0's tier, and the other two
     machines take it from there: every tier ends on the fork."""
     ref_dir = tmp_path / "ref"
@@ -231,6 +233,8 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
     assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
 
     shutil.rmtree(job.tiers[1])
+    witness = job.tiers[2] / "steps" / "6" / "witness-1.json"  # rank 1's record of step 7, replicated
+    witness.unlink()  # as if machine 1 was lost before it reached machine 2
     out = tmp_path / "final.pt"
     results = job.run(T_OUT=str(out))
     second = h.joined(results)
@@ -240,7 +244,9 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
     for rank in range(3):
         assert second.restored(rank) == 6, second.explain()
         assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > 6}, second.explain()
-    assert "resume verified" in second.stderr and "FAILED" not in second.stderr, second.explain()
+    assert "ravex: resume not verified (resumed from step 6): rank 1 found no record of the steps after it" \
+        in results[0].stderr, second.explain()
+    assert "FAILED" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
 
     third = h.joined(job.run(T_OUT=str(out), RAVEX_RESUME=str(steps - 2)))  # keep_last 2: the older of two

@@ -8,6 +8,7 @@ checks that each step written lands in all three)."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from datetime import timedelta
@@ -98,4 +99,33 @@ def test_three_machines_take_the_newest_step_of_any_tier_and_keep_each_step_in_a
     status = backends[1].durable_tier()
     assert status is not None and [r["url"].split("(")[1] for r in status["replicas"]] == [
         "rank 2's local tier)", "rank 0's local tier)"]
+    _both(lambda rank: backends[rank].close(), ranks=3)
+
+
+def test_rank_0_drops_a_crashed_runs_partial_step_in_every_machines_tier(tmp_path, rendezvous):
+    """Step 9 of a crashed run reached machines 1 and 2 for ranks 1 and 2 only (machine 0, which
+    held it whole, is lost): rank 0 of the rerun drops it there too, so this run's copies of its
+    own step 9 do not meet the crashed run's manifests (refused as another step)."""
+    tiers = [tmp_path / f"local-{rank}" for rank in range(3)]
+    for tier in tiers:
+        store = open_store(tier, create=True)
+        for rank in range(3):
+            with store.writer(rank=rank, world_size=3, run="crashed") as w:
+                w.commit(7, {f"w{rank}": np.full(100, rank, dtype="float32")})
+        if tier != tiers[0]:
+            for rank in (1, 2):
+                with store.writer(rank=rank, world_size=3, run="crashed") as w:
+                    w.commit(9, {f"w{rank}": np.full(100, 9, dtype="float32")})
+    shutil.rmtree(tiers[0])  # machine 0 lost: its new tier takes step 7 from another machine's
+
+    def backend(rank: int):
+        config = RavexConfig.load(overrides={"storage": str(tmp_path / "durable"), "local": str(tiers[rank]),
+                                             "replicas": 1}, environ={})
+        return get_backend(config, rank=rank, world_size=3)
+
+    backends = _both(backend, ranks=3)
+    assert [open_store(tier).step_numbers() for tier in tiers[1:]] == [[7, 9], [7, 9]]
+    backends[0].discard_incomplete_above(backends[0].latest_step())
+    for tier in tiers:
+        assert open_store(tier).step_numbers() == [7], tier
     _both(lambda rank: backends[rank].close(), ranks=3)

@@ -2,7 +2,8 @@
 of them copies it, under the tier's lock, with every rank's witness, and says so; the others find
 it there (``ravex.saving.steps.tiers.fetch``). Without the lock a rank could find the step
 copied by another and the rerun's line saying where it came from went missing. And each rank
-persists its own part of a step without waiting for the others (``Persister``)."""
+persists its own part of a step without waiting for the others (``Persister``), while the local
+retention goes on around the copies."""
 
 from __future__ import annotations
 
@@ -109,3 +110,43 @@ def test_a_durable_tier_unreachable_at_start_is_opened_by_the_first_copy_that_re
     assert any(m.endswith("is reachable: copies of the local steps to it resume") for m in said), said
     assert persister.persisted_step == 9 and persister.last_error is None
     assert open_store(str(tmp_path / "durable")).complete_steps() == [9]
+
+
+def test_local_retention_runs_while_a_copy_is_always_underway_and_keeps_what_it_reads(tmp_path, monkeypatch):
+    """The copy of each step to the durable tier is still underway when the next step commits (a
+    slow link): the local ``keep_last`` must not wait for an idle moment that never comes, nor
+    take the step being copied. Each copy here returns only once the next step was committed."""
+    import ravex.format
+    from ravex.runtime.config import RavexConfig
+    from ravex.saving.plan import SavePlan
+    from ravex.saving.selection import get_backend
+
+    entered = {step: threading.Event() for step in range(1, 9)}
+    release = {step: threading.Event() for step in range(1, 9)}
+    real_copy = ravex.format.copy_step
+
+    def slow_copy(src, dst, step, ranks=None):
+        entered[step].set()
+        assert release[step].wait(30)
+        return real_copy(src, dst, step, ranks=ranks)
+
+    monkeypatch.setattr(ravex.format, "copy_step", slow_copy)
+    monkeypatch.chdir(tmp_path)
+    config = RavexConfig.load({"storage": str(tmp_path / "durable"), "local": str(tmp_path / "local"),
+                               "keep_last": 2, "persist_keep_last": None}, environ={})
+    backend = get_backend(config, rank=0, world_size=1)
+    try:
+        for step in range(1, 8):
+            backend.save(SavePlan(step, {"w": np.full(1 << 12, step, dtype=np.float32)}, {"step": step}))
+            if step > 1:
+                release[step - 1].set()
+            assert entered[step].wait(30)  # committed (its copy is queued only then), and its copy underway
+        # step 6's retention ran (the writer committed 7 after it) while step 5 or 6 was being copied
+        held = open_store(str(tmp_path / "local")).complete_steps()
+        assert held[0] >= 5 and len(held) <= 3, held
+    finally:
+        for event in release.values():
+            event.set()
+        backend.close()
+    assert open_store(str(tmp_path / "local")).complete_steps() == [6, 7]
+    assert open_store(str(tmp_path / "durable")).complete_steps() == list(range(1, 8))

@@ -269,12 +269,18 @@ class ResumeWitness:
         compared = min(len(check.stored), len(check.mine))
         if agree and self.world_size > 1 and collectives.can_agree():
             # one small all-reduce, at the same step on every rank: the job's first divergence
-            # (step, kind, rank packed so that the smallest is the earliest), and the fewest compared
+            # (step, kind, rank packed so that the smallest is the earliest), the fewest compared,
+            # and the first rank that had no record to compare
             mine = _NONE if code is None else (code[0] * 4 + code[1]) * self.world_size + self.rank
-            job, fewest = collectives.reduce_min([mine, compared])
+            unrecorded = self.world_size if check.stored else self.rank
+            job, fewest, lacking = collectives.reduce_min([mine, compared, unrecorded])
             if job != mine:
                 code, detail = None if job == _NONE else _unpack(job, self.world_size), ""
             compared = fewest
+            if not compared and check.stored and lacking < self.world_size:
+                check.why_not = (f"rank {lacking} found no record of the steps after it (the run that wrote it "
+                                 f"stopped before that rank's next step, or that rank's witness did not reach "
+                                 f"the tier it resumed from)")
         steps = tuple(range(check.step + 1, check.step + 1 + compared))
         self.verdict = self._say(check, code, detail, worst, steps)
 

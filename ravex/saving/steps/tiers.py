@@ -6,7 +6,7 @@ the objects the durable tier lacks travel, and the step's manifests go last, so 
 there only complete. The copy runs on a thread of its own: the writer thread (and so training)
 never waits for it; a copy still running when the next one is due is overtaken by it (the
 newer step is the one worth having). Retention applies per tier: the local tier's ``keep_last``
-after each commit (deferred while a copy reads from it), ``persist_keep_last`` here after each
+after each commit (keeping every step a copy has yet to read), ``persist_keep_last`` here after each
 copy. At exit the newest local step is copied before the process ends, so a finished run's
 last state is durable.
 
@@ -46,7 +46,7 @@ class Persister:
     every queued step, oldest first, none overtaken: the replica's, because a step that reached
     the other tier for some ranks only is no step of that tier (the resume's agreement and a
     rollback there need each step the local tier holds); the queue holds step numbers only, and
-    the local retention waits while it is not empty."""
+    the local retention keeps every step from the oldest queued one (:attr:`oldest_needed`)."""
 
     def __init__(self, durable: CheckpointStore | Unopened, every: int, keep_last: int | None,
                  rank: int = 0, tier: str = "storage", in_order: bool = False,
@@ -67,7 +67,7 @@ class Persister:
         self._cv = threading.Condition()
         self.in_order = in_order
         self._pending: deque[tuple[str, CheckpointStore, int]] = deque()
-        self._copying = False
+        self._copying: int | None = None  # the step of the job underway
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ravex-persist", daemon=True)
         self._thread.start()
@@ -105,8 +105,18 @@ class Persister:
 
     @property
     def copying(self) -> bool:
-        """A copy is queued or reading from the local tier (its retention waits)."""
-        return self._copying or bool(self._pending)
+        """A copy is queued or reading from the local tier."""
+        return self._copying is not None or bool(self._pending)
+
+    @property
+    def oldest_needed(self) -> int | None:
+        """The oldest local step a job queued or underway still reads (its step and its
+        witness: the local retention keeps it and every newer step)."""
+        with self._cv:
+            steps = [step for _, _, step in self._pending]
+            if self._copying is not None:
+                steps.append(self._copying)
+        return min(steps, default=None)
 
     def _offer(self, job: tuple[str, CheckpointStore, int]) -> None:
         with self._cv:
@@ -118,7 +128,7 @@ class Persister:
     def flush(self) -> None:
         """Wait until no copy is queued or running."""
         with self._cv:
-            while self._pending or self._copying:
+            while self._pending or self._copying is not None:
                 self._cv.wait()
 
     def close(self) -> None:
@@ -140,7 +150,7 @@ class Persister:
                 if not self._pending:
                     return
                 kind, timeline, step = self._pending.popleft()
-                self._copying = True
+                self._copying = step
             try:
                 if kind == COPY:
                     self._copy(timeline, step)
@@ -155,7 +165,7 @@ class Persister:
                     while len(self._pending) > 1:
                         self._pending.popleft()
             with self._cv:
-                self._copying = False
+                self._copying = None
                 self._cv.notify_all()
 
     def _copy(self, timeline: CheckpointStore, step: int) -> None:
