@@ -279,13 +279,14 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
 
     def _write(self, job: Job) -> dict[str, Any]:
         result: dict[str, Any] = {"stats": self._commit(job)}
-        if self.world_size > 1 and self.rank == 0:
-            self._settler.settle(self.timeline, job.step)
         if self.replicas:
-            result["replicating"] = all([replica.committed(self.timeline, job.step) for replica in self.replicas])
+            result["replicating"] = sum(replica.committed(self.timeline, job.step) for replica in self.replicas)
         persister = self.persister
         if persister is not None:
             result["persisting"] = persister.committed(self.timeline, job.step)
+        if self.world_size > 1 and self.rank == 0:
+            self._settler.tiers[job.step] = self._tiers(result)  # the job's line says where the step goes
+            self._settler.settle(self.timeline, job.step)
         if self._retains:
             result["gc"] = self._retain(job.step)
         return result
@@ -377,9 +378,13 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         return out
 
     def _describe(self, job: Job, result: dict[str, Any]) -> str:
-        tiers = "" if self.persister is None else describe(result.get("persisting", False),
-                                                           result.get("replicating", False))
-        return commit_text(result["stats"], result.get("gc")) + tiers
+        return commit_text(result["stats"], result.get("gc")) + self._tiers(result)
+
+    def _tiers(self, result: dict[str, Any]) -> str:
+        """The tiers half of a checkpoint's line (with ``local:``), from :meth:`_write`'s result."""
+        if self.persister is None:
+            return ""
+        return describe(result.get("persisting", False), result.get("replicating", 0))
 
     # ── the resume witness (spec §22) ───────────────────────────────────
 

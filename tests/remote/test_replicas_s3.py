@@ -225,6 +225,10 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
     first = h.joined(results)
     assert first.killed, first.explain()
     assert results[0].stderr.count("replicas: 1 on 3 machines keeps each step in every machine's local tier") == 1
+    lines = {line.split()[3]: line for line in results[0].stderr.splitlines()
+             if line.startswith("ravex: checkpoint step")}
+    assert lines["2"].endswith("| tiers: local, to 2 replicas in background"), lines  # the job's line, by rank 0
+    assert lines["4"].endswith("| tiers: local, to 2 replicas + storage in background"), lines  # every 2nd
     for tier in job.tiers:
         store = open_store(tier).current()
         assert store.complete_steps()[-2:] == [4, 6], first.explain()

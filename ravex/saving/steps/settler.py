@@ -48,6 +48,9 @@ class Settler:
         self.world_size = world_size
         self.url = url
         self.pending: list[int] = []
+        #: what the job's line of a step ends with: where the step goes besides this store (the
+        #: tiers half, with ``local:``), set by the backend as it writes the step
+        self.tiers: dict[int, str] = {}
         #: the job's line for the newest complete step
         self.last_job_line: str | None = None
         self._refs_skip_said = False  # above REFS_MAX_RANKS: said once, at the first complete step
@@ -78,6 +81,7 @@ class Settler:
                 self._failed(timeline, pending, f"step {newest} is complete")
             elif len(self.pending) > PENDING_STEPS:
                 self._failed(timeline, pending, f"{PENDING_STEPS} newer checkpoints were written since")
+        self.tiers = {s: text for s, text in self.tiers.items() if s in self.pending}  # said, or never will be
 
     def close(self, timeline: Any) -> None:
         """The last steps' lines, once the other ranks finish (at most :data:`CLOSE_WAIT_S`)."""
@@ -107,7 +111,7 @@ class Settler:
             logger.info("ravex: checkpoint step %d (%d ranks) complete -> %s (figures unread: %s)",
                         step, self.world_size, self.url, exc)
             return
-        self.last_job_line = job_line(step, headers, self.url)
+        self.last_job_line = job_line(step, headers, self.url) + self.tiers.get(step, "")
         logger.info("%s", self.last_job_line)
 
     def _say_no_refs(self, timeline: Any, step: int) -> None:

@@ -264,9 +264,10 @@ def fetch(local: CheckpointStore, durable: CheckpointStore, source: str = "the d
     return step
 
 
-def describe(queued: bool, replica: bool = False) -> str:
-    """The tiers half of a checkpoint's line: the local tier holds it; the other machine's
-    local tier (``replica``) and the durable one will once their queued copies end (their own
-    lines say so)."""
-    later = [name for name, yes in (("replica", replica), ("storage", queued)) if yes]
+def describe(queued: bool, replicas: int = 0) -> str:
+    """The tiers half of a checkpoint's line: the local tier holds it; the other machines'
+    local tiers (``replicas`` of them) and the durable one will once their queued copies end
+    (their own lines say so)."""
+    copies = "replica" if replicas == 1 else f"{replicas} replicas"
+    later = [name for name, yes in ((copies, replicas > 0), ("storage", queued)) if yes]
     return f" | tiers: local, to {' + '.join(later)} in background" if later else " | tiers: local"
