@@ -41,7 +41,7 @@ from .ranks import place
 from .steps.forks import TimelineForks
 from .steps.replicas import Machines, ReplicaLink, check_machines, say_copies
 from .steps.settler import Settler
-from .steps.tiers import Persister, Unopened, describe, fetch
+from .steps.tiers import Persister, Unopened, describe, fetch, gather_witnesses
 from .witness_writer import WitnessWriter
 from .writer_thread import Job
 
@@ -164,6 +164,7 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             self.fork_peer = self.link.first_machine
             for partner in self.link.partners:
                 fetch(local, partner.store, source=partner.source)
+            gather_witnesses(local, [partner.store for partner in self.link.partners])
             self.replicas = [Persister(partner.store, 1, self.config.keep_last, self.rank, tier="replica",
                                        in_order=True, keep_every=self.config.keep_every)
                              for partner in self.link.partners]

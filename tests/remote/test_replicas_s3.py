@@ -197,12 +197,13 @@ def test_two_ranks_per_machine_pair_by_local_rank_and_resume_bitwise(moto_server
 def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(moto_server, tmp_path):
     """Three machines of one rank: each tier holds all three ranks' manifests and objects of each
     step (said once at start: three copies). The middle machine is SIGKILLed after step 7 and its
-    tier deleted, and its record of step 7 (its witness of step 6) too where the rerun fetches step 6:
-    the rerun takes step 6 from another machine's tier, not the bucket's 4, says which rank had no
-    record to verify the resume against, and ends bitwise equal to an uninterrupted run
-    (``find_unused_parameters``: see the 4-rank case). A
-    rollback to the older kept step then forks the timeline in rank 0's tier, and the other two
-    machines take it from there: every tier ends on the fork."""
+    tier deleted, and its record of step 7 (its witness of step 6) in the tier the rerun fetches
+    step 6 from: the rerun takes step 6 from another machine's tier, not the bucket's 4, its
+    witness from the third, verifies itself and ends bitwise equal to an uninterrupted run
+    (``find_unused_parameters``: see the 4-rank case). A rollback to the older kept step, whose
+    rank-1 witness is gone from every tier, says that rank had no record to verify against,
+    forks the timeline in rank 0's tier, and the other two machines take it from there: every
+    tier ends on the fork."""
     ref_dir = tmp_path / "ref"
     ref_dir.mkdir()
     ref_out = ref_dir / "final.pt"
@@ -237,23 +238,29 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
     assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
 
     shutil.rmtree(job.tiers[1])
-    witness = job.tiers[2] / "steps" / "6" / "witness-1.json"  # rank 1's record of step 7, replicated
-    witness.unlink()  # as if machine 1 was lost before it reached machine 2
+    (job.tiers[2] / "steps" / "6" / "witness-1.json").unlink()  # machine 1 was lost before it got there
     out = tmp_path / "final.pt"
     results = job.run(T_OUT=str(out))
     second = h.joined(results)
     assert second.returncode == 0, second.explain()
     assert "ravex: step 6 came from rank 2's machine" in results[1].stderr, second.explain()
-    assert "came from" not in results[0].stderr + results[2].stderr, second.explain()
+    assert "step 6 came from" not in results[0].stderr + results[2].stderr, second.explain()
     for rank in range(3):
         assert second.restored(rank) == 6, second.explain()
         assert second.losses(rank) == {s: v for s, v in ref.losses(rank).items() if s > 6}, second.explain()
-    assert "ravex: resume not verified (resumed from step 6): rank 1 found no record of the steps after it" \
+    assert "ravex: the witnesses of step 6 of ranks [1] came from the other machines' local tiers" \
+        in results[2].stderr, second.explain()  # from machine 0's tier (machine 1 fetches it, or takes it too)
+    assert "ravex: resume verified: after step 6, step 7 matches the run that wrote it on 3 ranks" \
         in results[0].stderr, second.explain()
     assert "FAILED" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
 
-    third = h.joined(job.run(T_OUT=str(out), RAVEX_RESUME=str(steps - 2)))  # keep_last 2: the older of two
+    for tier in job.tiers:  # rank 1's record of the steps after the rollback's step, lost everywhere
+        (tier / "steps" / str(steps - 2) / "witness-1.json").unlink()
+    results = job.run(T_OUT=str(out), RAVEX_RESUME=str(steps - 2))  # keep_last 2: the older of two
+    third = h.joined(results)
+    assert (f"ravex: resume not verified (resumed from step {steps - 2}): rank 1 found no record of the steps "
+            f"after it") in results[0].stderr, third.explain()
     assert third.returncode == 0, third.explain()
     for rank in range(3):
         assert third.restored(rank) == steps - 2, third.explain()

@@ -150,3 +150,66 @@ def test_local_retention_runs_while_a_copy_is_always_underway_and_keeps_what_it_
         backend.close()
     assert open_store(str(tmp_path / "local")).complete_steps() == [6, 7]
     assert open_store(str(tmp_path / "durable")).complete_steps() == list(range(1, 8))
+
+
+def test_a_witness_grown_while_its_step_was_being_copied_is_copied_after_it(tmp_path, monkeypatch):
+    """The witness of step 8 grows (steps 9 and 10 run) while step 8's copy is underway, and the
+    refreshes asked for meanwhile find no step copied yet: the witness still reaches the
+    destination once the copy ends, not only at the next checkpoint (a machine lost before it
+    would take its record of those steps along)."""
+    import ravex.format
+    from ravex.saving.steps.tiers import Persister
+
+    local = open_store(str(tmp_path / "local"), create=True)
+    durable = open_store(str(tmp_path / "durable"), create=True)
+    with local.writer(rank=0, world_size=1, run="r") as writer:
+        writer.commit(8, {"w": np.zeros(1 << 12, dtype=np.float32)})
+    entered, release = threading.Event(), threading.Event()
+    real_copy = ravex.format.copy_step
+
+    def slow_copy(src, dst, step, ranks=None):
+        entered.set()
+        assert release.wait(30)
+        return real_copy(src, dst, step, ranks=ranks)
+
+    monkeypatch.setattr(ravex.format, "copy_step", slow_copy)
+    persister = Persister(durable, every=1, keep_last=None, rank=0, tier="replica", in_order=True)
+    persister.committed(local, 8)
+    assert entered.wait(30)
+    entries = tuple(WitnessEntry(step=s, loss="1.0", batch="ab" * 16, calls=1) for s in (9, 10))
+    for grown in (entries[:1], entries):
+        write_witness(local.storage, local.steps_prefix, Witness(step=8, rank=0, run="r", entries=grown))
+        persister.refresh_witness()
+    release.set()
+    persister.flush()
+    witness = read_witness(durable.storage, durable.steps_prefix, 8, 0)
+    assert witness is not None and witness.entries == entries
+    persister.close()
+
+
+def test_the_newest_steps_witnesses_come_from_whichever_other_tier_holds_the_longest(tmp_path):
+    """Rank 1's record of the steps after step 7 reached one other machine in full and another in
+    part, rank 2's only the second; the local tier takes the longest of each, and never one of
+    another run's step 7."""
+    from ravex.saving.steps.tiers import gather_witnesses
+
+    tiers = [open_store(str(tmp_path / f"tier-{n}"), create=True) for n in range(4)]
+    for tier in tiers:
+        for rank in range(3):
+            with tier.writer(rank=rank, world_size=3, run="r") as writer:
+                writer.commit(7, {f"w{rank}": np.full(100, rank, dtype=np.float32)})
+    entry = {s: WitnessEntry(step=s, loss="1.0", batch="ab" * 16, calls=1) for s in (8, 9, 10)}
+
+    def put(tier, rank: int, steps: tuple[int, ...], run: str = "r") -> None:
+        entries = tuple(entry[s] for s in steps)
+        write_witness(tier.storage, tier.steps_prefix, Witness(step=7, rank=rank, run=run, entries=entries))
+
+    put(tiers[0], 0, (8, 9, 10))
+    put(tiers[1], 1, (8, 9, 10))
+    put(tiers[2], 1, (8,))
+    put(tiers[2], 2, (8, 9))
+    put(tiers[3], 2, (8, 9, 10), run="another")
+    assert gather_witnesses(tiers[0], tiers[1:]) == [1, 2]
+    got = {r: read_witness(tiers[0].storage, tiers[0].steps_prefix, 7, r) for r in range(3)}
+    assert {r: [e.step for e in w.entries] for r, w in got.items() if w} == {0: [8, 9, 10], 1: [8, 9, 10], 2: [8, 9]}
+    assert gather_witnesses(tiers[0], tiers[1:]) == []  # nothing longer left

@@ -64,6 +64,7 @@ class Persister:
         self.last_error: str | None = durable.error if isinstance(durable, Unopened) else None
         self._newest_local: tuple[CheckpointStore, int] | None = None
         self._persisted: tuple[CheckpointStore, int] | None = None  # the newest step copied, and whence
+        self._witness_due = False  # the witness of the newest step copied grew since it was copied
         self._cv = threading.Condition()
         self.in_order = in_order
         self._pending: deque[tuple[str, CheckpointStore, int]] = deque()
@@ -97,11 +98,17 @@ class Persister:
         return True
 
     def refresh_witness(self) -> None:
-        """Queue the copy of the local witness of the newest step copied (spec §22): it grows as
-        the steps after it run, and a rerun that resumes that step from the durable tier checks
-        itself against it. One small write; nothing when a copy is queued."""
-        if self._persisted is not None and not self._pending:
-            self._offer((WITNESS, *self._persisted))
+        """Copy the local witness of the newest step copied (spec §22) once no copy is queued:
+        it grows as the steps after it run, and a rerun that resumes that step from the
+        destination checks itself against it. One small write; one asked for while a copy runs
+        is made after it, of the step that copy leaves newest (its witness may have grown
+        meanwhile, and nothing else would copy it before the next checkpoint)."""
+        with self._cv:
+            self._witness_due = True
+            self._cv.notify_all()
+
+    def _witness_waiting(self) -> bool:
+        return self._witness_due and self._persisted is not None
 
     @property
     def copying(self) -> bool:
@@ -116,6 +123,8 @@ class Persister:
             steps = [step for _, _, step in self._pending]
             if self._copying is not None:
                 steps.append(self._copying)
+            if self._witness_due and self._persisted is not None:
+                steps.append(self._persisted[1])
         return min(steps, default=None)
 
     def _offer(self, job: tuple[str, CheckpointStore, int]) -> None:
@@ -126,9 +135,9 @@ class Persister:
             self._cv.notify_all()
 
     def flush(self) -> None:
-        """Wait until no copy is queued or running."""
+        """Wait until no copy is queued, running or due (a witness's)."""
         with self._cv:
-            while self._pending or self._copying is not None:
+            while self._pending or self._copying is not None or self._witness_waiting():
                 self._cv.wait()
 
     def close(self) -> None:
@@ -145,11 +154,16 @@ class Persister:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._closed and not self._witness_waiting():
                     self._cv.wait()
-                if not self._pending:
+                persisted = self._persisted
+                if self._pending:
+                    kind, timeline, step = self._pending.popleft()
+                elif self._witness_due and persisted is not None:
+                    self._witness_due = False
+                    kind, (timeline, step) = WITNESS, persisted
+                else:
                     return
-                kind, timeline, step = self._pending.popleft()
                 self._copying = step
             try:
                 if kind == COPY:
@@ -262,6 +276,40 @@ def fetch(local: CheckpointStore, durable: CheckpointStore, source: str = "the d
                 "%d objects (%s) in %s ms", step, source, durable.url, local.url, report.objects_copied,
                 mib(report.bytes_copied), ms(time.perf_counter() - started))
     return step
+
+
+def gather_witnesses(local: CheckpointStore, others: list[CheckpointStore]) -> list[int]:
+    """Bring the witnesses of the local tier's newest step up to the longest any other tier
+    holds (the other machines' local tiers, :mod:`.replicas`): a machine lost between two
+    checkpoints may have copied its rank's record of the steps after the newest one to some
+    machines only, and the ranks of the rerun check themselves against it (spec §22). Under the
+    tier's lock, as :func:`fetch`. The ranks whose witness came."""
+    with local.storage.exclusive():
+        history = local.current().lineage_steps()
+        if not history:
+            return []
+        owner, step = history[-1]
+        name = owner.timeline.name
+        ranks = manifest_ranks(owner.storage.list_dir(owner.step_dir(step)))
+        run = owner.manifest(step, ranks[0]).run  # a witness of that step by another run is another step's
+        have = {rank: read_witness(owner.storage, owner.steps_prefix, step, rank) for rank in ranks}
+        came: list[int] = []
+        for other in others:
+            if name not in other.timelines():
+                continue
+            there = other.on_timeline(name)
+            for rank in ranks:
+                theirs, mine = read_witness(there.storage, there.steps_prefix, step, rank), have[rank]
+                if theirs is None or theirs.run not in (run, ""):  # "": a run without an id
+                    continue
+                if mine is None or len(theirs.entries) > len(mine.entries):
+                    write_witness(owner.storage, owner.steps_prefix, theirs)
+                    have[rank] = theirs
+                    came.append(rank)
+    if came:
+        logger.info("ravex: the witnesses of step %d of ranks %s came from the other machines' local tiers",
+                    step, sorted(set(came)))
+    return sorted(set(came))
 
 
 def describe(queued: bool, replicas: int = 0) -> str:
