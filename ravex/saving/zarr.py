@@ -216,13 +216,14 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         tier and, with ``replicas: 1``, in the other machines' tiers too: their copies of a
         crashed run's partial step would mix with this run's copies of the step of that number.
         Rank 0 calls it at start, before any rank writes; rank 0 reaches every machine's tier
-        (its partners), and a step above the newest complete one is in no tier complete."""
-        dropped = self.timeline.discard_incomplete_above(floor)
+        (its partners), and a step above the newest complete one is in no tier complete. The
+        steps dropped in any tier."""
+        dropped = set(self.timeline.discard_incomplete_above(floor))
         name = self.timeline.timeline.name
         for partner in self.link.partners if self.link is not None else []:
             if name in partner.store.timelines():
-                partner.store.on_timeline(name).discard_incomplete_above(floor)
-        return dropped
+                dropped.update(partner.store.on_timeline(name).discard_incomplete_above(floor))
+        return sorted(dropped)
 
     # ── the timeline's lease (rank 0) ───────────────────────────────────
 

@@ -163,8 +163,8 @@ def _note_ddp_buckets(registry: Registry) -> None:
     """
     dist = initialized()
     ddp_module = sys.modules.get("torch.nn.parallel.distributed")
-    if dist is None or dist.get_world_size() < 3 or ddp_module is None:
-        return
+    if dist is None or dist.get_world_size() < 3 or ddp_module is None or dist.get_rank() != 0:
+        return  # said once, by rank 0
     for model in registry.models():
         if isinstance(model, ddp_module.DistributedDataParallel) and not model.find_unused_parameters:
             logger.info("ravex: DDP at %d ranks: the first step after this resume sums gradients in "
