@@ -254,3 +254,26 @@ def test_old_objects_are_trusted_only_where_gc_keeps_them(src, tmp_path):
     assert report.objects_copied == len(_names(src, 20)) and report.objects_present == 0  # stored again
     assert other.gc().deleted_objects == len(_names(src, 10) - _names(src, 20))
     assert_same(other.read(20), src.read(20))
+
+
+def test_the_record_of_the_steps_run_travels_with_rank_0s_manifest(tmp_path):
+    """A reader of the destination finds what run wrote the step (spec §20): its record is copied
+    once, byte for byte, by whichever copy carries rank 0's manifest, and never replaced."""
+    from ravex.format.history.runs import GitState, RunRecord, read_run, run_key, write_run
+
+    src = open_store(tmp_path / "src", create=True)
+    record = RunRecord(run="two", created_at="2026-12-07T12:00:00.000+00:00", argv=("train.py",),
+                       script="/w/train.py", cwd="/w", git=GitState(unavailable="not a git checkout"),
+                       hostname="node-0", world_size=2, versions={"python": "3.11", "torch": "2.13.0",
+                                                                  "ravex": "0.1.0"}, config={})
+    write_run(src.storage, record)
+    _two_ranks(src, 10)
+    _two_ranks(src, 20)
+    dst = open_store(tmp_path / "dst", create=True)
+    copy_step(src, dst, 10, ranks=[1])
+    assert read_run(dst.storage, "two") is None  # rank 1's copy does not carry it
+    copy_step(src, dst, 10, ranks=[0])
+    assert dst.storage.read(run_key("two")) == src.storage.read(run_key("two"))
+    with counting(dst.storage, ("write",)) as calls:
+        copy_step(src, dst, 20)
+    assert ("write", run_key("two")) not in calls and ("write", "steps/20/rank-0.json") in calls  # not again

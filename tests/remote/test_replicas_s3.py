@@ -236,6 +236,9 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
         assert list(store.step_info(6).ranks) == [0, 1, 2], first.explain()
         assert validate(store, steps=[6]).ok, first.explain()  # every object of the step is in this tier
     assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
+    run = open_store(job.tiers[0]).current().manifest(6, 0).run  # what run wrote it: said in every tier
+    assert all((tier / "runs" / f"{run}.json").exists() for tier in job.tiers), first.explain()
+    assert _bucket(job, moto_server).storage.exists(f"runs/{run}.json"), first.explain()
 
     shutil.rmtree(job.tiers[1])
     (job.tiers[2] / "steps" / "6" / "witness-1.json").unlink()  # machine 1 was lost before it got there

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ManifestError, NameTakenError, StepNotFoundError
+from ..history.runs import run_key
 from ..history.timelines import MAIN, Timeline, create_timeline, lineage, read_timelines
 from ..objects.names import manifest_ranks, object_key
 from ..steps.catalog import StoreCatalog
@@ -67,9 +68,11 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
     complete now?), a GET per manifest already there (it is compared), one listing of
     ``objects/`` (a LIST per 1000 objects: cheaper than a HEAD per object the step names unless
     ``dst`` holds over 1000 times as many objects as one step names), the listing and manifests
-    of its newest complete step when some needed object is older than ``G/2``, then one PUT per
-    object sent, per manifest and for ``refs.json``. A step ``dst``
-    holds already costs only the checks up to its manifests: no object is listed or sent.
+    of its newest complete step when some needed object is older than ``G/2``, a HEAD of the
+    run's record (``runs/<run>.json``, §20) when rank 0's manifest is copied and ``src`` has one,
+    then one PUT per object sent, for the record where ``dst`` lacks it, per manifest and for
+    ``refs.json``. A step ``dst`` holds already costs only the checks up to its manifests: no
+    object is listed or sent.
 
     GC of ``dst`` stays safe (spec §14, §11.1): every object sent is a fresh PUT, so it is younger
     than the grace period ``G`` until its manifest lands, provided the copy finishes within ``G``
@@ -110,12 +113,18 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
         report.seconds = time.perf_counter() - started
         return report
     needed: set[str] = set()
+    runs: set[str] = set()
     for r, data in todo.items():
-        for entry in Manifest.from_bytes(data, f"{src.url} {_ref(owner, step)} rank {r}").arrays.values():
+        manifest = Manifest.from_bytes(data, f"{src.url} {_ref(owner, step)} rank {r}")
+        for entry in manifest.arrays.values():
             needed |= entry.object_names()
+        if r == 0 and manifest.run:  # rank 0 wrote the run's record: whoever copies its manifest copies it
+            runs.add(manifest.run)
     send = _objects_to_send(target, needed)
     report.objects_present = len(needed) - len(send)
     _send(src, dst, send, report)
+    for run in runs:
+        _copy_run_record(src, dst, run)
     for r, data in todo.items():  # last: the step is complete in dst only once its objects are there
         dst.storage.write(target.manifest_key(step, r), data)
         report.manifests_copied += 1
@@ -131,6 +140,18 @@ def copy_step(src: StoreCatalog, dst: StoreCatalog, step: int, ranks: Iterable[i
             dst.storage.sync()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _copy_run_record(src: StoreCatalog, dst: StoreCatalog, run: str) -> None:
+    """The record of ``run`` (§20), byte for byte, where ``dst`` has none and ``src`` has one:
+    the step copied names its run, and a reader of ``dst`` looks for the record there."""
+    key = run_key(run)
+    try:
+        data = src.storage.read(key)
+    except FileNotFoundError:  # a run whose record write failed, or a 1.0 store
+        return
+    if not dst.storage.exists(key):
+        dst.storage.write(key, data)
 
 
 def _view(store: StoreCatalog, timeline: Timeline) -> StoreCatalog:
