@@ -110,6 +110,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
         #: with ``replicas: 1``, the other machines' local tiers and the copies to them (steps/replicas.py)
         self.link: ReplicaLink | None = None
         self.replicas: list[Persister] = []
+        #: with ``replicas: 1``, the first rank of a machine other than rank 0's: it applies
+        #: retention to its machine's tier (rank 0 to its own), a local GC, not one over the link
+        self._keeps_tier = False
         if config.local is None:
             self.store = self._open_durable()
         else:
@@ -165,8 +168,8 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             for partner in self.link.partners:
                 fetch(local, partner.store, source=partner.source)
             gather_witnesses(local, [partner.store for partner in self.link.partners])
-            self.replicas = [Persister(partner.store, 1, self.config.keep_last, self.rank, tier="replica",
-                                       in_order=True, keep_every=self.config.keep_every)
+            self._keeps_tier = machines.rank % machines.local_world_size == 0
+            self.replicas = [Persister(partner.store, 1, None, self.rank, tier="replica", in_order=True)
                              for partner in self.link.partners]
         if isinstance(durable, Unopened):
             self._without_durable(local, durable)
@@ -340,8 +343,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
 
     @property
     def _retains(self) -> bool:
-        """This rank applies the store's retention (rank 0, ``keep_last``/``keep_every`` set)."""
-        return self.rank == 0 and bool(self.config.keep_last or self.config.keep_every)
+        """This rank applies its store's retention (``keep_last``/``keep_every`` set): rank 0,
+        and with ``replicas: 1`` the first rank of each machine, in that machine's tier."""
+        return (self.rank == 0 or self._keeps_tier) and bool(self.config.keep_last or self.config.keep_every)
 
     def _retain(self, step: int) -> float:
         """Retention (``keep_last``/``keep_every``): the store's GC; its seconds. A failure
@@ -436,10 +440,10 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             replica.close()
         if self.persister is not None:
             self.persister.close()
-            if self._committed and self._retains:
-                self._retain(self._committed[-1])  # the one a copy deferred (the exit copy's, at least)
         if self.link is not None:  # serves this tier until the other machines' last copies landed
             self.link.close()
+        if self.persister is not None and self._committed and self._retains:
+            self._retain(self._committed[-1])  # once the copies out of and into this tier ended
         self._settler.close(self.timeline)
         self._drop_writer()
         self._release()

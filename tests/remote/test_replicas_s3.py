@@ -236,6 +236,8 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
         assert list(store.step_info(6).ranks) == [0, 1, 2], first.explain()
         assert validate(store, steps=[6]).ok, first.explain()  # every object of the step is in this tier
     assert _bucket(job, moto_server).current().complete_steps() == [4], first.explain()
+    replicated = [line for line in first.stderr.splitlines() if " replicated: tiers local + replica" in line]
+    assert replicated and not [line for line in replicated if ", gc " in line], replicated  # no GC over the link
     run = open_store(job.tiers[0]).current().manifest(6, 0).run  # what run wrote it: said in every tier
     assert all((tier / "runs" / f"{run}.json").exists() for tier in job.tiers), first.explain()
     assert _bucket(job, moto_server).storage.exists(f"runs/{run}.json"), first.explain()
@@ -257,6 +259,8 @@ def test_three_machines_keep_every_step_on_each_and_resume_a_lost_ones_bitwise(m
         in results[0].stderr, second.explain()
     assert "FAILED" not in second.stderr, second.explain()
     h.assert_same_state(torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False))
+    for tier in job.tiers:  # keep_last 2, by each machine's first rank in its own tier
+        assert open_store(tier).current().complete_steps() == [steps - 2, steps], second.explain()
 
     for tier in job.tiers:  # rank 1's record of the steps after the rollback's step, lost everywhere
         (tier / "steps" / str(steps - 2) / "witness-1.json").unlink()

@@ -40,7 +40,8 @@ class Persister:
     """The background copy of local steps to the durable tier, one at a time, newest wins.
 
     ``rank``: whose manifests this process copies (its own: every rank copies what it wrote, so
-    ranks never wait on each other); rank 0 also applies the retention of the destination.
+    ranks never wait on each other); rank 0 also applies ``keep_last`` to the destination (the
+    durable tier's; another machine's tier is kept by that machine's first rank, locally).
     ``tier``: what the destination is, for the log lines (``storage``, or ``replica``: another
     machine's local tier, :mod:`.replicas`, which takes every step). ``in_order``: copy
     every queued step, oldest first, none overtaken: the replica's, because a step that reached
@@ -49,13 +50,11 @@ class Persister:
     the local retention keeps every step from the oldest queued one (:attr:`oldest_needed`)."""
 
     def __init__(self, durable: CheckpointStore | Unopened, every: int, keep_last: int | None,
-                 rank: int = 0, tier: str = "storage", in_order: bool = False,
-                 keep_every: int | None = None) -> None:
+                 rank: int = 0, tier: str = "storage", in_order: bool = False) -> None:
         #: the destination; an :class:`Unopened` one is opened by the first copy that reaches it
         self.durable = durable
         self.every = every
         self.keep_last = keep_last
-        self.keep_every = keep_every  # the replica's: the other tier keeps what the local one does
         self.rank = rank
         self.tier = tier
         self.commits = 0
@@ -200,10 +199,10 @@ class Persister:
         self._persisted = (timeline, step)
         self.last_error = None
         collected = ""
-        if self.rank == 0 and (self.keep_last is not None or self.keep_every is not None):
+        if self.rank == 0 and self.keep_last is not None:
             gc_started = time.perf_counter()
             try:
-                durable.gc(keep_last=self.keep_last, keep_every=self.keep_every)
+                durable.gc(keep_last=self.keep_last)
                 collected = f", gc {ms(time.perf_counter() - gc_started)} ms"
             except Exception as exc:
                 logger.warning("ravex: retention (gc) of %s failed after step %d: %s", self.url, step, exc)
