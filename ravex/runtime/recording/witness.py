@@ -292,6 +292,8 @@ class ResumeWitness:
             at = check.step + offset
             where = f"rank {rank}" if self.world_size > 1 else ""
             what = detail or _CAUSES[kind]
+            if kind == LOSS and not detail and self.world_size >= 3:
+                what += _DDP_ORDER
             if self.rank == 0 or rank == self.rank:
                 logger.log(logging.WARNING if self.rank == 0 else logging.DEBUG,
                            "ravex: resume diverged at step %d (resumed from step %d%s): %s", at, check.step,
@@ -324,6 +326,12 @@ _CAUSES = {
            "script's own, a tensor changed outside the optimizer) or non-deterministic kernels (on a GPU: "
            "torch.use_deterministic_algorithms(True), or `witness: tolerant` to accept small differences)"),
 }
+
+
+#: a cause of another loss that only 3+ ranks have (``runtime/distributed/layout.py`` says it at restore)
+_DDP_ORDER = ("; or, with DDP at 3+ ranks without find_unused_parameters, the order the first step after the "
+              "resume sums gradients in (DDP rebuilds its buckets after a process's first step): a rounding "
+              "difference, DDP(find_unused_parameters=True) avoids it")
 
 
 def _unpack(packed: int, world: int) -> tuple[int, int, int]:
