@@ -66,7 +66,7 @@ class Persister:
         self._witness_due = False  # the witness of the newest step copied grew since it was copied
         self._cv = threading.Condition()
         self.in_order = in_order
-        self._pending: deque[tuple[str, CheckpointStore, int]] = deque()
+        self._pending: deque[tuple[CheckpointStore, int]] = deque()  # steps to copy
         self._copying: int | None = None  # the step of the job underway
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ravex-persist", daemon=True)
@@ -93,7 +93,7 @@ class Persister:
         if self.commits % self.every:
             self.refresh_witness()
             return False
-        self._offer((COPY, timeline, step))
+        self._offer(timeline, step)
         return True
 
     def refresh_witness(self) -> None:
@@ -106,8 +106,9 @@ class Persister:
             self._witness_due = True
             self._cv.notify_all()
 
-    def _witness_waiting(self) -> bool:
-        return self._witness_due and self._persisted is not None
+    def _witness_job(self) -> tuple[CheckpointStore, int] | None:
+        """The step whose witness is due to be copied: the newest copied, once it grew."""
+        return self._persisted if self._witness_due else None
 
     @property
     def copying(self) -> bool:
@@ -119,31 +120,31 @@ class Persister:
         """The oldest local step a job queued or underway still reads (its step and its
         witness: the local retention keeps it and every newer step)."""
         with self._cv:
-            steps = [step for _, _, step in self._pending]
+            steps = [step for _, step in self._pending]
             if self._copying is not None:
                 steps.append(self._copying)
-            if self._witness_due and self._persisted is not None:
-                steps.append(self._persisted[1])
+            if (due := self._witness_job()) is not None:
+                steps.append(due[1])
         return min(steps, default=None)
 
-    def _offer(self, job: tuple[str, CheckpointStore, int]) -> None:
+    def _offer(self, timeline: CheckpointStore, step: int) -> None:
         with self._cv:
             if not self.in_order:  # newest wins
                 self._pending.clear()
-            self._pending.append(job)
+            self._pending.append((timeline, step))
             self._cv.notify_all()
 
     def flush(self) -> None:
         """Wait until no copy is queued, running or due (a witness's)."""
         with self._cv:
-            while self._pending or self._copying is not None or self._witness_waiting():
+            while self._pending or self._copying is not None or self._witness_job() is not None:
                 self._cv.wait()
 
     def close(self) -> None:
         """Copy the newest local step if it is not in the durable tier yet, wait for it, stop."""
         newest = self._newest_local
         if newest is not None and newest[1] != self.persisted_step:
-            self._offer((COPY, *newest))
+            self._offer(*newest)
         self.flush()
         with self._cv:
             self._closed = True
@@ -153,14 +154,14 @@ class Persister:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._closed and not self._witness_waiting():
+                while not self._pending and not self._closed and self._witness_job() is None:
                     self._cv.wait()
-                persisted = self._persisted
+                due = self._witness_job()
                 if self._pending:
-                    kind, timeline, step = self._pending.popleft()
-                elif self._witness_due and persisted is not None:
+                    kind, (timeline, step) = COPY, self._pending.popleft()
+                elif due is not None:
                     self._witness_due = False
-                    kind, (timeline, step) = WITNESS, persisted
+                    kind, (timeline, step) = WITNESS, due
                 else:
                     return
                 self._copying = step
