@@ -442,9 +442,9 @@ class ZarrBackend(TimelineForks, CheckpointBackend):
             self.persister.close()
         if self.link is not None:  # serves this tier until the other machines' last copies landed
             self.link.close()
+        self._settler.close(self.timeline)  # the last steps' lines, before retention collects them
         if self.persister is not None and self._committed and self._retains:
             self._retain(self._committed[-1])  # once the copies out of and into this tier ended
-        self._settler.close(self.timeline)
         self._drop_writer()
         self._release()
 
